@@ -1,0 +1,147 @@
+"""Compile a fetched GGUF into an ONNX Runtime GenAI folder (build time only).
+
+GGUF → dequantized Hugging Face folder (transformers' GGUF loader) → onnxruntime-genai's model
+builder at int4/int8/fp32 → tokenizer.json + `specsteer.json` manifest. Each heavy step runs in
+its own subprocess so its memory is returned before the next one starts, and the result is
+built in a temporary folder and renamed into place, so a half-built model is never used.
+torch/transformers are needed here only, never on the device at run time. Nothing touches a hub.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from specsteer.errors import ModelError, ModelNotFetched
+from specsteer.models.fetch import verify
+from specsteer.models.manifest import write_manifest
+from specsteer.models.registry import PRECISIONS, ModelSpec, compiled_dir, get_spec, gguf_path
+
+_OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+
+
+def export_hf(gguf: Path, out: Path) -> None:
+    """Dequantize `gguf` with transformers and write a plain safetensors HF folder to `out`.
+
+    `save_pretrained` refuses GGUF-loaded models, so the state dict is written directly; the
+    tied lm_head is dropped and the GGUF quantization marker removed so the builder reads fp32.
+    """
+    import torch
+    from safetensors.torch import save_file
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    out.mkdir(parents=True, exist_ok=True)
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    model = AutoModelForCausalLM.from_pretrained(
+        gguf.parent, gguf_file=gguf.name, dtype=torch.float32
+    )
+    state = model.state_dict()
+    if getattr(model.config, "tie_word_embeddings", False):
+        state.pop("lm_head.weight", None)
+    save_file({k: v.contiguous() for k, v in state.items()}, out / "model.safetensors",
+              metadata={"format": "pt"})
+    model.config.architectures = [type(model).__name__]
+    model.config.save_pretrained(out)
+    model.generation_config.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    config_path = out / "config.json"
+    config = json.loads(config_path.read_text())
+    config.pop("quantization_config", None)
+    config_path.write_text(json.dumps(config, indent=2))
+
+
+def _run_step(cmd: list[str], log: Path, what: str) -> None:
+    env = {**os.environ, **_OFFLINE_ENV}
+    with open(log, "ab") as f:
+        f.write(f"\n$ {' '.join(cmd)}\n".encode())
+        f.flush()
+        result = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, env=env)
+    if result.returncode != 0:
+        tail = log.read_text(errors="replace")[-1500:]
+        raise ModelError(f"{what} failed (exit {result.returncode}); log {log}:\n{tail}")
+
+
+def compile_model(
+    name: str,
+    precision: str | None = None,
+    *,
+    force: bool = False,
+    progress: Callable[[str], None] | None = None,
+) -> Path:
+    """Compile registry model `name` at `precision` (default: the registry's choice); return the folder."""
+    spec = get_spec(name)
+    precision = precision or spec.default_precision
+    if precision not in PRECISIONS:
+        raise ModelError(f"precision must be one of {', '.join(PRECISIONS)}, not {precision!r}")
+    say = progress or (lambda _msg: None)
+    dest = compiled_dir(spec, precision)
+    if dest.exists() and not force:
+        say(f"{spec.name} {precision}: already compiled at {dest}")
+        return dest
+    gguf = gguf_path(spec)
+    if not gguf.exists():
+        raise ModelNotFetched(f"{spec.name} is not fetched; run `specsteer models fetch {spec.name}`")
+    verify(spec, gguf)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
+    log = dest.parent / f"{dest.name}.log"
+    log.write_text("")
+    try:
+        started = time.monotonic()
+        hf_dir = work / "hf"
+        say(f"{spec.name}: dequantizing the GGUF with transformers (log: {log})")
+        _run_step([sys.executable, "-m", "specsteer.models.compile", "export", str(gguf),
+                   str(hf_dir)], log, "GGUF export")
+        out = work / "onnx"
+        say(f"{spec.name}: building the ONNX Runtime GenAI model at {precision}")
+        _run_step([sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(hf_dir),
+                   "-o", str(out), "-p", precision, "-e", "cpu", "-c", str(work / "cache")],
+                  log, "onnxruntime-genai model builder")
+        if not (out / "tokenizer.json").exists():
+            shutil.copy2(hf_dir / "tokenizer.json", out / "tokenizer.json")
+        _write_manifest(spec, precision, out, time.monotonic() - started)
+        if dest.exists():
+            shutil.rmtree(dest)
+        os.replace(out, dest)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    say(f"{spec.name} {precision}: compiled to {dest}")
+    return dest
+
+
+def _write_manifest(spec: ModelSpec, precision: str, folder: Path, seconds: float) -> None:
+    import onnxruntime_genai
+
+    write_manifest(
+        folder,
+        name=spec.name,
+        precision=precision,
+        source_sha256=spec.sha256,
+        architecture=spec.architecture,
+        chat_template=spec.chat_template,
+        builder=f"onnxruntime-genai {onnxruntime_genai.__version__}",
+        compile_seconds=round(seconds, 1),
+    )
+
+
+def _main() -> None:
+    parser = argparse.ArgumentParser(description="internal build steps of specsteer models compile")
+    sub = parser.add_subparsers(dest="step", required=True)
+    export = sub.add_parser("export")
+    export.add_argument("gguf", type=Path)
+    export.add_argument("out", type=Path)
+    args = parser.parse_args()
+    if args.step == "export":
+        export_hf(args.gguf, args.out)
+
+
+if __name__ == "__main__":
+    _main()

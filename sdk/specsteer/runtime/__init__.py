@@ -1,0 +1,10 @@
+"""Model runtimes behind one small seam (`base`); ONNX Runtime GenAI is the implementation.
+
+An MLC-LLM backend would be a sibling module implementing `LanguageModel`/`Session`; PyPI's
+`mlc-llm-*` packages are placeholders today, so none is shipped.
+"""
+
+from specsteer.runtime.base import LanguageModel, Session
+from specsteer.runtime.onnx import OnnxModel, load_model
+
+__all__ = ["LanguageModel", "OnnxModel", "Session", "load_model"]
