@@ -1,0 +1,155 @@
+"""One device connection on the companion: protocol state machine + verifier, no I/O.
+
+`handle(frame) -> frames` is all a network adapter needs (websocket server, in-process link,
+fuzzer). Model work happens inside `handle`, so adapters call it off their event loop.
+Every failure becomes an Error frame and a closed connection; nothing escapes to the adapter.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+from collections.abc import Callable
+
+from specsteer import __version__, protocol
+from specsteer.protocol import (
+    CloseRequested,
+    CompanionConnection,
+    ConnectionFailed,
+    DraftReceived,
+    ErrorCode,
+    HelloReceived,
+    Limits,
+    RowRequested,
+    SessionRequested,
+)
+from specsteer_companion.verifier import Verifier, VerifierSession
+
+log = logging.getLogger("specsteer_companion")
+_session_ids = itertools.count(1)
+
+# Returns an identity (e.g. the device name) for a valid token, None to refuse.
+Authenticator = Callable[[str], "str | None"]
+
+
+class CompanionEndpoint:
+    """The companion side of one connection."""
+
+    def __init__(self, verifier: Verifier, *, authenticate: Authenticator | None = None,
+                 limits: Limits | None = None,
+                 on_session: Callable[[str, bool], bool] | None = None) -> None:
+        self.verifier = verifier
+        base = limits or Limits()
+        self.limits = Limits(
+            max_message_bytes=base.max_message_bytes, max_draft=base.max_draft,
+            max_prompt_tokens=base.max_prompt_tokens, max_top_k=base.max_top_k,
+            vocab_size=verifier.generalist.vocab_size,
+        )
+        self.conn = CompanionConnection(self.limits)
+        self.authenticate = authenticate
+        self.identity: str | None = None
+        self.session: VerifierSession | None = None
+        self.on_session = on_session  # (identity, opening) -> allowed; for session quotas
+        self.rounds = 0
+        self.compute_s = 0.0
+
+    @property
+    def closed(self) -> bool:
+        return self.conn.state is protocol.State.CLOSED
+
+    def handle(self, frame: bytes) -> list[bytes]:
+        """Consume one frame; return the frames to send back (possibly an Error)."""
+        try:
+            for event in self.conn.receive_frame(frame):
+                self._dispatch(event)
+        except Exception as exc:  # a model or programming error: report, never crash the server
+            log.exception("internal error while handling a frame")
+            if not self.closed:
+                self.conn.fail(ErrorCode.INTERNAL, f"internal error ({type(exc).__name__})")
+        if self.closed:
+            self._end_session()
+        return self.conn.data_to_send()
+
+    def fail(self, code: ErrorCode, message: str) -> list[bytes]:
+        """Close from the adapter's side (idle timeout, rate limit, shutdown)."""
+        if not self.closed:
+            self.conn.fail(code, message)
+        self._end_session()
+        return self.conn.data_to_send()
+
+    def release(self) -> None:
+        """The connection is gone: free the session's KV caches."""
+        self._end_session()
+
+    def _dispatch(self, event: object) -> None:
+        if isinstance(event, HelloReceived):
+            self._hello(event.hello)
+        elif isinstance(event, SessionRequested):
+            self._open(event.request)
+        elif isinstance(event, DraftReceived):
+            assert self.session is not None
+            started = time.perf_counter()
+            d = event.draft
+            result = self.session.verify(d.committed_ids, d.draft_ids, d.logp_s0)
+            self._account(started, f"draft k={len(d.draft_ids)} accepted={result.accepted}")
+            self.conn.send_verdict(result.accepted, result.ids, result.values)
+        elif isinstance(event, RowRequested):
+            assert self.session is not None
+            started = time.perf_counter()
+            result = self.session.row(event.request.committed_ids)
+            self._account(started, "row")
+            self.conn.send_row(result.ids, result.values, result.s0_values)
+        elif isinstance(event, CloseRequested | ConnectionFailed):
+            self._end_session()
+
+    def _account(self, started: float, what: str) -> None:
+        elapsed = time.perf_counter() - started
+        self.rounds += 1
+        self.compute_s += elapsed
+        log.debug("%s: %s in %.1f ms", self.identity, what, elapsed * 1e3)
+
+    def _hello(self, hello: protocol.Hello) -> None:
+        if self.authenticate is not None:
+            self.identity = self.authenticate(hello.auth_token)
+            if self.identity is None:
+                self.conn.fail(ErrorCode.AUTH_FAILED, "unknown or revoked device token")
+                return
+        else:
+            self.identity = hello.client_name or "anonymous"
+        g = self.verifier.generalist
+        s = self.verifier.specialist
+        if hello.generalist_sha256 and hello.generalist_sha256 != g.sha256:
+            self.conn.fail(ErrorCode.MODEL_MISMATCH,
+                           f"this companion serves Generalist {g.name} {g.sha256[:12]}, "
+                           f"not {hello.generalist_sha256[:12]}")
+            return
+        if hello.specialist_sha256 and (s is None or hello.specialist_sha256 != s.sha256):
+            held = f"{s.name} {s.sha256[:12]}" if s is not None else "none"
+            self.conn.fail(ErrorCode.MODEL_MISMATCH,
+                           f"the device's Specialist {hello.specialist_sha256[:12]} is not the "
+                           f"companion's generic Specialist ({held}); both must be the same artifact")
+            return
+        self.conn.accept_hello(
+            companion_version=__version__, generalist_sha256=g.sha256,
+            specialist_sha256=s.sha256 if s is not None else "", vocab_size=g.vocab_size,
+        )
+
+    def _open(self, request: protocol.OpenSession) -> None:
+        self._end_session()
+        if self.on_session is not None and not self.on_session(self.identity or "", True):
+            self.conn.fail(ErrorCode.SESSION_LIMIT, "too many open sessions")
+            return
+        try:
+            self.session = self.verifier.open(request)
+        except ValueError as exc:
+            self.conn.fail(ErrorCode.UNSUPPORTED, str(exc))
+            return
+        self.conn.session_opened(next(_session_ids), len(request.prompt_ids))
+
+    def _end_session(self) -> None:
+        if self.session is not None:
+            self.session.close()
+            self.session = None
+            if self.on_session is not None:
+                self.on_session(self.identity or "", False)

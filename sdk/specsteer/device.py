@@ -1,0 +1,307 @@
+"""The device's decoding loop: draft locally, verify remotely, fuse the private term locally.
+
+`decode` is a generator of `TokenEvent`s (token id + provenance), like mlx-lm's generate_step:
+no text handling, no I/O of its own; the companion is reached only through a `CompanionLink`.
+It runs SpecSteer and every baseline of the papers on the same runtime pieces, so the
+evaluation harness compares like with like. What goes up: public prompt ids, drafted ids, and
+(only with `s0_on_device`) the context-free Specialist's log-probabilities of the drafts.
+Never the private prompt, never P_Sc.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from specsteer import steer
+from specsteer.errors import CompanionUnavailable, SpecSteerError
+from specsteer.link import CompanionLink
+from specsteer.protocol import Mode, Select
+from specsteer.runtime.base import LanguageModel, Session
+
+METHODS = ("slm", "slm_rag", "llm", "speculative", "light_costeer", "costeer", "specsteer")
+LOCAL_METHODS = ("slm", "slm_rag")
+PRESETS = {"default": {"gamma": 0.5}, "fast": {"gamma": 0.1}, "strict": {"gamma": 1.0}}
+
+
+@dataclass(frozen=True)
+class Params:
+    """Decoding parameters; defaults are the paper's."""
+
+    method: str = "specsteer"
+    gamma: float = 0.5
+    alpha: float = 1.0
+    k: int = 4
+    top_k: int = 64
+    temperature: float = 0.0
+    max_new_tokens: int = 256
+    seed: int = 0
+    select: str = "generalist"  # or "difference" (METHOD.md: worse; kept to report it)
+    s0_on_device: bool = False
+    costeer_iterations: int = 20
+    beta: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.method not in METHODS:
+            raise ValueError(f"method must be one of {', '.join(METHODS)}, not {self.method!r}")
+        if self.k < 0 or self.top_k < 1 or self.max_new_tokens < 0 or self.gamma < 0:
+            raise ValueError("k >= 0, top_k >= 1, max_new_tokens >= 0 and gamma >= 0 are required")
+        if self.select not in ("generalist", "difference"):
+            raise ValueError("select must be 'generalist' or 'difference'")
+
+
+@dataclass(frozen=True)
+class TokenEvent:
+    """One emitted token and where it came from.
+
+    provenance: "draft" (Specialist draft accepted by the companion), "recovered" (chosen after a
+    reject by fusing the companion's sparse vector with the private term), "bonus" (same fusion
+    after a fully accepted draft), "generalist" (baselines steered by the Generalist's row every
+    token), "local" (the Specialist alone: local methods or offline-degraded mode).
+    """
+
+    token: int
+    provenance: str
+    round: int
+
+
+@dataclass
+class DecodeStats:
+    """Counters of one generation; timings in seconds."""
+
+    rounds: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    tokens: int = 0
+    prefill_s: float = 0.0
+    device_s: float = 0.0
+    wait_s: float = 0.0
+    first_token_s: float | None = None
+    degraded: bool = False
+    accept_lengths: list[int] = field(default_factory=list)
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+
+@dataclass(frozen=True)
+class DevicePrompt:
+    """The two views of one request: with the private context (device only) and without."""
+
+    private_ids: Sequence[int]  # chat prompt with the retrieved history: P_Sc, never sent
+    public_ids: Sequence[int]  # the same request without it: what the companion sees
+
+
+class _Local:
+    """The Specialist's session with its row for the next position."""
+
+    def __init__(self, model: LanguageModel, prompt: Sequence[int], max_new: int) -> None:
+        self.session: Session = model.new_session(max_length=len(prompt) + max_new + 64)
+        self.row = self.session.append(list(prompt))[-1]
+
+    def push(self, token: int) -> np.ndarray:
+        self.row = self.session.append([token])[-1]
+        return self.row
+
+
+def _choose(row: np.ndarray, temperature: float, rng: np.random.Generator | None) -> int:
+    if temperature <= 0 or rng is None:
+        return int(np.argmax(row))
+    return steer.sample_index(np.exp(steer.log_softmax(row, temperature)), rng)
+
+
+def decode(
+    specialist: LanguageModel,
+    prompt: DevicePrompt,
+    params: Params,
+    link: CompanionLink | None = None,
+    stats: DecodeStats | None = None,
+) -> Iterator[TokenEvent]:
+    """Yield generated tokens for `prompt` with `params.method`; stops at end-of-text.
+
+    If the companion becomes unavailable mid-generation, the rest is generated locally with
+    the private context (provenance "local") and `stats.degraded` is set.
+    """
+    stats = stats if stats is not None else DecodeStats()
+    eos = specialist.tokenizer.eos_ids
+    rng = np.random.default_rng(params.seed) if params.temperature > 0 else None
+    started = time.perf_counter()
+    private = params.method != "slm"
+    local = _Local(specialist, prompt.private_ids if private else prompt.public_ids,
+                   params.max_new_tokens)
+    stats.prefill_s += time.perf_counter() - started
+    emitted = 0
+    prompt_ids = list(prompt.private_ids if private else prompt.public_ids)
+    out: list[int] = []
+
+    def emit(token: int, provenance: str) -> TokenEvent:
+        nonlocal emitted
+        emitted += 1
+        out.append(token)
+        stats.tokens += 1
+        if stats.first_token_s is None:
+            stats.first_token_s = time.perf_counter() - started
+        return TokenEvent(token, provenance, stats.rounds)
+
+    remote: Iterator[tuple[int, str]] | None = None
+    if params.method not in LOCAL_METHODS:
+        if link is None:
+            raise SpecSteerError(f"method {params.method!r} needs a companion link")
+        remote = _remote_tokens(specialist, local, prompt, params, link, stats, rng)
+    try:
+        while remote is not None and emitted < params.max_new_tokens:
+            try:
+                token, provenance = next(remote)
+            except StopIteration:
+                return
+            except CompanionUnavailable:
+                stats.degraded = True
+                remote = None
+                _resync(local, [*prompt_ids, *out])
+                break
+            yield emit(token, provenance)
+            if token in eos:
+                return
+        # local methods, or what is left after the companion went away
+        while emitted < params.max_new_tokens:
+            t0 = time.perf_counter()
+            token = _choose(local.row, params.temperature, rng)
+            if token not in eos:
+                local.push(token)
+            stats.device_s += time.perf_counter() - t0
+            stats.rounds += 1
+            yield emit(token, "local")
+            if token in eos:
+                return
+    finally:
+        local.session.close()
+
+
+def _remote_tokens(specialist: LanguageModel, local: _Local, prompt: DevicePrompt, params: Params,
+                   link: CompanionLink, stats: DecodeStats,
+                   rng: np.random.Generator | None) -> Iterator[tuple[int, str]]:
+    """The collaborative part: yields (token, provenance); the local session follows along."""
+    mode = {"speculative": Mode.SPECULATIVE, "specsteer": Mode.SPECSTEER}.get(params.method, Mode.ROWS)
+    alpha = 0.0 if params.method == "llm" else params.alpha
+    link.open(prompt.public_ids, mode=mode, gamma=params.gamma, alpha=alpha, top_k=params.top_k,
+              temperature=params.temperature, seed=params.seed,
+              select=Select.TOP_DIFFERENCE if params.select == "difference" else Select.TOP_LOGP_G,
+              s0_on_device=params.s0_on_device and mode is Mode.SPECSTEER)
+    eos = specialist.tokenizer.eos_ids
+    if mode is Mode.ROWS:
+        yield from _row_tokens(local, params, link, stats, rng, eos)
+        return
+    s0 = _Local(specialist, prompt.public_ids, params.max_new_tokens) \
+        if params.s0_on_device and mode is Mode.SPECSTEER else None
+    committed: list[int] = []  # ids the companion has not seen yet
+    produced = 0
+    try:
+        while True:
+            t0 = time.perf_counter()
+            if committed:
+                local.push(committed[-1])
+            k = max(0, min(params.k, params.max_new_tokens - produced - 1))
+            base = local.session.length
+            draft, rows = [], [local.row]
+            for _ in range(k):
+                token = _choose(rows[-1], params.temperature, rng)
+                draft.append(token)
+                if token in eos:
+                    break
+                rows.append(local.push(token))
+            s0_draft = s0_rows = None
+            if s0 is not None:
+                s0_rows = _extend(s0, [*committed, *draft])
+                off = len(committed)
+                lp = steer.log_softmax(s0_rows, params.temperature)
+                s0_draft = [float(lp[off + j, t]) for j, t in enumerate(draft)]
+            stats.device_s += time.perf_counter() - t0
+            verdict = link.verify(draft, committed, s0_draft)
+            t1 = time.perf_counter()
+            n = verdict.accepted
+            stats.rounds += 1
+            stats.drafted += len(draft)
+            stats.accepted += n
+            stats.accept_lengths.append(n)
+            local.session.rewind(base + n)
+            ids = np.asarray(verdict.ids, np.int64)
+            values = np.asarray(verdict.values, np.float32)
+            if mode is Mode.SPECULATIVE:
+                token = int(ids[0])
+            else:
+                logp_sc = steer.log_softmax(rows[n], params.temperature)[ids]
+                if s0 is not None and s0_rows is not None:
+                    off = len(committed)
+                    logp_s0 = steer.log_softmax(s0_rows[off + n], params.temperature)[ids]
+                    scores = values + params.alpha * (logp_sc - logp_s0)
+                    s0.session.rewind(s0.session.length - (len(committed) + len(draft)) + off + n)
+                    s0.row = s0_rows[off + n]
+                else:
+                    scores = values + params.alpha * logp_sc
+                token = steer.pick(ids, scores, params.temperature, rng)
+            stats.device_s += time.perf_counter() - t1
+            stats.wait_s = link.stats.wait_s
+            for t in draft[:n]:
+                produced += 1
+                yield t, "draft"
+                if t in eos:
+                    return
+            produced += 1
+            yield token, ("bonus" if n == len(draft) else "recovered")
+            if token in eos:
+                return
+            committed = [token]
+    finally:
+        if s0 is not None:
+            s0.session.close()
+
+
+def _resync(local: _Local, sequence: Sequence[int]) -> None:
+    """Bring the local session back to exactly `sequence` (after an interrupted round)."""
+    keep = min(local.session.length, len(sequence) - 1)
+    local.session.rewind(keep)
+    local.row = local.session.append(list(sequence[keep:]))[-1]
+
+
+def _extend(track: _Local, ids: Sequence[int]) -> np.ndarray:
+    """Rows predicting each of `ids` and the position after: [len(ids)+1, V]."""
+    if not ids:
+        return track.row[None, :]
+    return np.concatenate([track.row[None, :], track.session.append(list(ids))])
+
+
+def _row_tokens(local: _Local, params: Params, link: CompanionLink, stats: DecodeStats,
+                rng: np.random.Generator | None, eos: frozenset[int]) -> Iterator[tuple[int, str]]:
+    """Per-token baselines: LLM alone, LightCoSteer and CoSteer over the companion's top-k row."""
+    committed: list[int] = []
+    while True:
+        t0 = time.perf_counter()
+        if committed:
+            local.push(committed[-1])
+        stats.device_s += time.perf_counter() - t0
+        reply = link.row(committed)
+        t1 = time.perf_counter()
+        ids = np.asarray(reply.ids, np.int64)
+        logp_g = np.asarray(reply.logp_g, np.float32)
+        if params.method == "llm":
+            scores = logp_g
+        else:
+            logp_sc = steer.log_softmax(local.row, params.temperature)[ids]
+            logp_s0 = np.asarray(reply.logp_s0, np.float32)
+            if params.method == "light_costeer":
+                scores = steer.light_costeer(logp_g, logp_sc, logp_s0, params.beta)
+            else:
+                scores = steer.costeer(logp_g, logp_sc, logp_s0,
+                                       iterations=params.costeer_iterations, beta=params.beta)
+        token = steer.pick(ids, scores, params.temperature, rng)
+        stats.rounds += 1
+        stats.device_s += time.perf_counter() - t1
+        stats.wait_s = link.stats.wait_s
+        yield token, "generalist"
+        if token in eos:
+            return
+        committed = [token]

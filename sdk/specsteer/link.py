@@ -1,0 +1,148 @@
+"""The device's side of the conversation with a companion, over any frame channel.
+
+`CompanionLink` drives the sans-I/O `DeviceConnection` over a `FrameChannel` (a websocket, or an
+in-process endpoint in tests and the evaluation harness): request in, reply out, with byte and
+time accounting. It only ever encodes public prompt ids, drafted ids and, when the deployment
+places P_S0 on the device, the context-free Specialist's log-probabilities of those drafts.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from specsteer.errors import CompanionError, CompanionUnavailable, ProtocolError
+from specsteer.protocol import (
+    DeviceConnection,
+    ErrorReceived,
+    HelloAccepted,
+    HelloOk,
+    Mode,
+    RowReceived,
+    RowReply,
+    Select,
+    SessionReady,
+    Verdict,
+    VerdictReceived,
+)
+
+
+class FrameChannel(Protocol):
+    """A message-oriented pipe to a companion (one frame = one protocol message)."""
+
+    def send(self, frame: bytes) -> None: ...
+
+    def recv(self, timeout: float) -> bytes:
+        """Next frame; raise CompanionUnavailable on timeout or a dropped connection."""
+        ...
+
+    def close(self) -> None: ...
+
+
+FrameTap = Callable[[str, bytes], None]  # ("up" | "down", frame): sees every frame, for audits
+
+
+@dataclass
+class LinkStats:
+    """Wire cost and waiting time as the device saw them."""
+
+    bytes_up: int = 0
+    bytes_down: int = 0
+    frames_up: int = 0
+    frames_down: int = 0
+    wait_s: float = 0.0  # companion compute + network, as measured on the device
+    requests: int = 0
+
+
+class CompanionLink:
+    """Request/response calls to a companion over a FrameChannel."""
+
+    def __init__(self, channel: FrameChannel, *, timeout: float = 30.0,
+                 tap: FrameTap | None = None) -> None:
+        self.channel = channel
+        self.timeout = timeout
+        self.tap = tap
+        self.conn = DeviceConnection()
+        self.stats = LinkStats()
+        self.hello_ok: HelloOk | None = None
+
+    def _flush(self) -> None:
+        for frame in self.conn.data_to_send():
+            if self.tap is not None:
+                self.tap("up", frame)
+            self.stats.bytes_up += len(frame)
+            self.stats.frames_up += 1
+            self.channel.send(frame)
+
+    def _await(self, wanted: type) -> object:
+        started = time.perf_counter()
+        try:
+            self._flush()
+            while True:
+                frame = self.channel.recv(self.timeout)
+                if self.tap is not None:
+                    self.tap("down", frame)
+                self.stats.bytes_down += len(frame)
+                self.stats.frames_down += 1
+                try:
+                    events = self.conn.receive_frame(frame)
+                except ProtocolError:
+                    self._flush_quietly()
+                    raise
+                for event in events:
+                    if isinstance(event, ErrorReceived):
+                        raise CompanionError(event.code, event.message)
+                    if isinstance(event, wanted):
+                        return event
+        finally:
+            self.stats.wait_s += time.perf_counter() - started
+            self.stats.requests += 1
+
+    def _flush_quietly(self) -> None:
+        try:
+            self._flush()
+        except CompanionUnavailable:
+            pass
+
+    def hello(self, *, generalist_sha256: str = "", specialist_sha256: str = "",
+              auth_token: str = "", client_name: str = "specsteer-python") -> HelloOk:
+        self.conn.hello(generalist_sha256, specialist_sha256, auth_token=auth_token,
+                        client_name=client_name)
+        event = self._await(HelloAccepted)
+        assert isinstance(event, HelloAccepted)
+        self.hello_ok = event.hello_ok
+        return event.hello_ok
+
+    def open(self, prompt_ids: Sequence[int], *, mode: Mode, gamma: float, alpha: float,
+             top_k: int, temperature: float, seed: int, select: Select,
+             s0_on_device: bool) -> int:
+        self.conn.open_session(list(prompt_ids), mode=mode, gamma=gamma, alpha=alpha, top_k=top_k,
+                               temperature=temperature, seed=seed, select=select,
+                               s0_on_device=s0_on_device)
+        event = self._await(SessionReady)
+        assert isinstance(event, SessionReady)
+        return event.prompt_length
+
+    def verify(self, draft: Sequence[int], committed: Sequence[int] = (),
+               logp_s0: Sequence[float] | None = None) -> Verdict:
+        self.conn.send_draft(list(draft), committed_ids=list(committed), logp_s0=logp_s0)
+        event = self._await(VerdictReceived)
+        assert isinstance(event, VerdictReceived)
+        return event.verdict
+
+    def row(self, committed: Sequence[int] = ()) -> RowReply:
+        self.conn.request_row(list(committed))
+        event = self._await(RowReceived)
+        assert isinstance(event, RowReceived)
+        return event.row
+
+    def close(self) -> None:
+        try:
+            self.conn.close()
+            self._flush()
+        except (ProtocolError, CompanionUnavailable):
+            pass
+        finally:
+            self.channel.close()
