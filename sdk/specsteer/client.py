@@ -1,0 +1,236 @@
+"""`Client`: the SDK's front door — history retrieval, prompts, local Specialist, companion.
+
+`stream()` yields text pieces with their provenance as they are decided; `generate()` returns the
+whole text with stats. The private context is retrieved and rendered here and handed to the
+on-device Specialist only; the companion receives the context-free request's token ids.
+"""
+
+from __future__ import annotations
+
+import ssl
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from specsteer.device import PRESETS, DecodeStats, DevicePrompt, Params, TokenEvent, decode
+from specsteer.errors import CompanionUnavailable
+from specsteer.history import HistoryStore, Prompt, build_prompt, retrieve
+from specsteer.link import CompanionLink, FrameChannel, FrameTap
+from specsteer.runtime import load_model
+from specsteer.runtime.base import LanguageModel
+from specsteer.tokenizer import Message
+
+ChannelFactory = Callable[[], FrameChannel]
+
+
+@dataclass(frozen=True)
+class Piece:
+    """A streamed piece of text and the token that produced it."""
+
+    text: str
+    token: int
+    provenance: str
+    round: int
+
+
+@dataclass
+class GenerationStats:
+    """What one generation cost, as the device measured it."""
+
+    method: str
+    tokens: int
+    rounds: int
+    drafted: int
+    accepted: int
+    acceptance_rate: float
+    total_s: float
+    tokens_per_s: float
+    first_token_s: float | None
+    retrieval_s: float
+    prefill_s: float
+    device_s: float
+    wait_s: float  # companion compute + network, seen from the device
+    bytes_up: int
+    bytes_down: int
+    degraded: bool
+    records: tuple[str, ...] = ()
+    truncated: tuple[str, ...] = ()
+
+    @property
+    def bytes_per_token(self) -> float:
+        return (self.bytes_up + self.bytes_down) / self.tokens if self.tokens else 0.0
+
+
+@dataclass
+class Result:
+    """A finished generation."""
+
+    text: str
+    tokens: list[int]
+    provenance: list[str]
+    stats: GenerationStats
+    prompt: Prompt = field(repr=False)
+
+
+class Client:
+    """Personalized generation on the device, steered by a companion when one is reachable.
+
+    specialist: a loaded model, a registry name or a compiled folder (the same artifact the
+        companion hosts as its generic Specialist).
+    history: a HistoryStore or the path of its SQLite file (None: no private context).
+    companion: a ws:// / wss:// URL, a factory of FrameChannels (in-process companions), or None
+        for local-only generation.
+    """
+
+    def __init__(
+        self,
+        specialist: LanguageModel | str | Path,
+        *,
+        history: HistoryStore | str | Path | None = None,
+        companion: str | ChannelFactory | None = None,
+        token: str = "",
+        generalist_sha256: str = "",
+        ssl_context: ssl.SSLContext | None = None,
+        timeout_s: float = 30.0,
+        connect_timeout_s: float = 10.0,
+        retrieve_k: int = 5,
+        max_prompt_tokens: int = 1024,
+        tap: FrameTap | None = None,
+        threads: int = 1,
+    ) -> None:
+        self.specialist = specialist if not isinstance(specialist, str | Path) \
+            else load_model(specialist, threads=threads)
+        self.history = HistoryStore(history) if isinstance(history, str | Path) else history
+        self.companion = companion
+        self.token = token
+        self.generalist_sha256 = generalist_sha256
+        self.ssl_context = ssl_context
+        self.timeout_s = timeout_s
+        self.connect_timeout_s = connect_timeout_s
+        self.retrieve_k = retrieve_k
+        self.max_prompt_tokens = max_prompt_tokens
+        self.tap = tap
+
+    # -- prompts ---------------------------------------------------------------------------
+    def prepare(self, query: Mapping[str, Any] | str, *, task: str = "email",
+                before: str | None = None) -> tuple[Prompt, DevicePrompt]:
+        """Retrieve the private context and render both views of the request."""
+        hits = retrieve(self.history, task, query, self.retrieve_k, before=before) \
+            if self.history is not None and self.retrieve_k > 0 else []
+        tok = self.specialist.tokenizer
+        prompt = build_prompt(task, query, hits, count_tokens=tok.count,
+                              max_prompt_tokens=self.max_prompt_tokens)
+        system = [Message("system", prompt.system)] if prompt.system else []
+        private_ids = tok.chat_ids([*system, Message("user", prompt.with_context)])
+        public_ids = tok.chat_ids([*system, Message("user", prompt.request)])
+        return prompt, DevicePrompt(private_ids=private_ids, public_ids=public_ids)
+
+    # -- companion -------------------------------------------------------------------------
+    def _connect(self) -> CompanionLink | None:
+        if self.companion is None:
+            return None
+        if isinstance(self.companion, str):
+            from specsteer.transport import WebSocketChannel
+
+            channel: FrameChannel = WebSocketChannel(
+                self.companion, ssl_context=self.ssl_context, open_timeout=self.connect_timeout_s)
+        else:
+            channel = self.companion()
+        link = CompanionLink(channel, timeout=self.timeout_s, tap=self.tap)
+        link.hello(generalist_sha256=self.generalist_sha256,
+                   specialist_sha256=self.specialist.sha256, auth_token=self.token)
+        return link
+
+    # -- generation ------------------------------------------------------------------------
+    def stream(self, query: Mapping[str, Any] | str, *, task: str = "email",
+               preset: str | None = None, stop: Sequence[str] = (), offline: str = "degrade",
+               before: str | None = None, result: list[Result] | None = None,
+               **params: Any) -> Iterator[Piece]:
+        """Yield text pieces as tokens are decided. `params` are `device.Params` fields.
+
+        offline: "degrade" (go on with the local Specialist when the companion is unreachable or
+        drops) or "fail" (raise CompanionUnavailable).
+        """
+        if offline not in ("degrade", "fail"):
+            raise ValueError("offline must be 'degrade' or 'fail'")
+        settings = Params(**{**PRESETS.get(preset or "default", {}), **params}) \
+            if preset is None or preset in PRESETS else _bad_preset(preset)
+        started = time.perf_counter()
+        prompt, device_prompt = self.prepare(query, task=task, before=before)
+        retrieval_s = time.perf_counter() - started
+        link = None
+        degraded_at_start = False
+        if settings.method not in ("slm", "slm_rag"):
+            try:
+                link = self._connect()
+            except CompanionUnavailable:
+                if offline == "fail":
+                    raise
+                degraded_at_start = True
+            if link is None:
+                settings = replace(settings, method="slm_rag")
+        stats = DecodeStats()
+        tokens: list[int] = []
+        provenance: list[str] = []
+        text = ""
+        tok = self.specialist.tokenizer
+        try:
+            for event in decode(self.specialist, device_prompt, settings, link, stats):
+                if stats.degraded and offline == "fail":
+                    raise CompanionUnavailable("the companion dropped the connection")
+                if event.token in tok.eos_ids:
+                    break
+                tokens.append(event.token)
+                provenance.append(event.provenance)
+                full = tok.decode(tokens)
+                if full.endswith("\ufffd"):  # an incomplete UTF-8 character: wait for the rest
+                    continue
+                piece, text = full[len(text):], full
+                cut = _find_stop(text, stop)
+                if cut is not None:
+                    text = text[:cut]
+                    break
+                yield Piece(piece, event.token, event.provenance, event.round)
+        finally:
+            if link is not None:
+                link.close()
+        if result is not None:
+            total = time.perf_counter() - started
+            result.append(Result(
+                text=text if stop else tok.decode(tokens), tokens=tokens, provenance=provenance,
+                prompt=prompt,
+                stats=GenerationStats(
+                    method=settings.method, tokens=len(tokens), rounds=stats.rounds,
+                    drafted=stats.drafted, accepted=stats.accepted,
+                    acceptance_rate=stats.acceptance_rate, total_s=total,
+                    tokens_per_s=len(tokens) / total if total else 0.0,
+                    first_token_s=stats.first_token_s, retrieval_s=retrieval_s,
+                    prefill_s=stats.prefill_s, device_s=stats.device_s,
+                    wait_s=link.stats.wait_s if link else 0.0,
+                    bytes_up=link.stats.bytes_up if link else 0,
+                    bytes_down=link.stats.bytes_down if link else 0,
+                    degraded=degraded_at_start or stats.degraded,
+                    records=prompt.records, truncated=prompt.truncated,
+                ),
+            ))
+
+    def generate(self, query: Mapping[str, Any] | str, **options: Any) -> Result:
+        """The whole generation at once (see `stream` for the options)."""
+        out: list[Result] = []
+        for _ in self.stream(query, result=out, **options):
+            pass
+        return out[0]
+
+
+def _find_stop(text: str, stop: Sequence[str]) -> int | None:
+    positions = [text.find(s) for s in stop if s and s in text]
+    return min(positions) if positions else None
+
+
+def _bad_preset(name: str) -> Params:
+    raise ValueError(f"unknown preset {name!r}; presets: {', '.join(PRESETS)}")
+
+
+__all__ = ["Client", "GenerationStats", "Piece", "Result", "TokenEvent"]

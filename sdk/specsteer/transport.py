@@ -1,0 +1,78 @@
+"""Thin network adapters for the device: a websocket frame channel, and emulated latency.
+
+All protocol logic lives in `protocol`/`link`; this module only moves frames and turns every
+network failure (refused, timed out, dropped) into `CompanionUnavailable`.
+"""
+
+from __future__ import annotations
+
+import ssl
+import time
+
+from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
+from websockets.sync.client import ClientConnection, connect
+
+from specsteer.errors import CompanionUnavailable, ProtocolError
+from specsteer.link import FrameChannel
+from specsteer.protocol import ErrorCode
+
+# A verdict is a few hundred bytes; allow the largest row reply and a long prompt with margin.
+MAX_FRAME_BYTES = 2**16 + 1024
+
+
+class WebSocketChannel:
+    """FrameChannel over a websocket (`ws://` or `wss://`)."""
+
+    def __init__(self, url: str, *, ssl_context: ssl.SSLContext | None = None,
+                 open_timeout: float = 10.0) -> None:
+        self.url = url
+        try:
+            self._ws: ClientConnection = connect(
+                url, ssl=ssl_context, open_timeout=open_timeout, max_size=MAX_FRAME_BYTES,
+                compression=None, close_timeout=2,
+            )
+        except (OSError, TimeoutError, InvalidHandshake, InvalidURI) as exc:
+            raise CompanionUnavailable(f"cannot reach the companion at {url}: {exc}") from exc
+
+    def send(self, frame: bytes) -> None:
+        try:
+            self._ws.send(frame)
+        except (ConnectionClosed, OSError) as exc:
+            raise CompanionUnavailable(f"the companion at {self.url} closed the connection") from exc
+
+    def recv(self, timeout: float) -> bytes:
+        try:
+            data = self._ws.recv(timeout=timeout)
+        except TimeoutError as exc:
+            raise CompanionUnavailable(
+                f"no answer from the companion at {self.url} within {timeout:.1f} s"
+            ) from exc
+        except (ConnectionClosed, OSError) as exc:
+            raise CompanionUnavailable(f"the companion at {self.url} closed the connection") from exc
+        if isinstance(data, str):
+            raise ProtocolError(ErrorCode.BAD_FRAME, "the companion sent a text frame")
+        return data
+
+    def close(self) -> None:
+        try:
+            self._ws.close()
+        except Exception:  # closing a broken socket must not raise into the app
+            pass
+
+
+class LatencyChannel:
+    """Adds an emulated network round-trip time to every request of another channel."""
+
+    def __init__(self, inner: FrameChannel, rtt_ms: float) -> None:
+        self.inner = inner
+        self.rtt_s = rtt_ms / 1000.0
+
+    def send(self, frame: bytes) -> None:
+        self.inner.send(frame)
+
+    def recv(self, timeout: float) -> bytes:
+        time.sleep(self.rtt_s)
+        return self.inner.recv(timeout)
+
+    def close(self) -> None:
+        self.inner.close()
