@@ -227,7 +227,10 @@ def _remote_tokens(specialist: LanguageModel, local: _Local, prompt: DevicePromp
             stats.drafted += len(draft)
             stats.accepted += n
             stats.accept_lengths.append(n)
-            local.session.rewind(base + n)
+            local.session.rewind(min(base + n, local.session.length))  # an eos draft isn't appended
+            if n == len(draft) and draft and draft[-1] in eos:  # the draft's end-of-text stands
+                yield from ((t, "draft") for t in draft)
+                return
             ids = np.asarray(verdict.ids, np.int64)
             values = np.asarray(verdict.values, np.float32)
             if mode is Mode.SPECULATIVE:

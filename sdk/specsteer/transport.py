@@ -27,10 +27,11 @@ class WebSocketChannel:
                  open_timeout: float = 10.0) -> None:
         self.url = url
         try:
-            self._ws: ClientConnection = connect(
+            self._connect = connect(
                 url, ssl=ssl_context, open_timeout=open_timeout, max_size=MAX_FRAME_BYTES,
                 compression=None, close_timeout=2,
             )
+            self._ws: ClientConnection = self._connect.__enter__()
         except (OSError, TimeoutError, InvalidHandshake, InvalidURI) as exc:
             raise CompanionUnavailable(f"cannot reach the companion at {url}: {exc}") from exc
 
@@ -55,7 +56,7 @@ class WebSocketChannel:
 
     def close(self) -> None:
         try:
-            self._ws.close()
+            self._connect.__exit__(None, None, None)
         except Exception:  # closing a broken socket must not raise into the app
             pass
 

@@ -1,0 +1,180 @@
+"""SDK + companion end to end on tiny models: equivalence, privacy, accounting, degradation."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from specsteer import protocol
+from specsteer.client import Client
+from specsteer.device import METHODS
+from specsteer.errors import CompanionError, CompanionUnavailable
+from specsteer.history import HistoryStore
+from specsteer_companion.local import LocalChannel
+from specsteer_companion.server import CompanionServer
+from specsteer_companion.verifier import Verifier
+
+CANARY = "ZQX-CANARY-7731-plover"
+SUBJECT = "Budget for the next quarter"
+
+
+@pytest.fixture()
+def store() -> HistoryStore:
+    history = HistoryStore(memory=True)
+    history.add(kind="email", title="Budget for the next quarter",
+                body=f"Dear team, the budget for the next quarter stays as it is. {CANARY}")
+    history.add(kind="email", title="Meeting notes",
+                body="Thank you for the meeting notes, I will send the revised draft by Friday.")
+    return history
+
+
+@pytest.fixture()
+def verifier(tiny_model, tiny_generalist) -> Verifier:
+    return Verifier(tiny_generalist, tiny_model)
+
+
+def _local(verifier: Verifier):
+    return lambda: LocalChannel.for_verifier(verifier)
+
+
+@pytest.mark.parametrize("method", [m for m in METHODS])
+def test_in_process_equals_networked(tiny_model, verifier, store, method):
+    local = Client(tiny_model, history=store, companion=_local(verifier))
+    expected = local.generate(SUBJECT, method=method, max_new_tokens=24)
+    with CompanionServer(verifier).running() as url:
+        remote = Client(tiny_model, history=store, companion=url).generate(
+            SUBJECT, method=method, max_new_tokens=24)
+    assert remote.tokens == expected.tokens
+    assert remote.provenance == expected.provenance
+    assert (remote.stats.bytes_up, remote.stats.bytes_down) == \
+        (expected.stats.bytes_up, expected.stats.bytes_down)
+    assert not remote.stats.degraded
+
+
+@pytest.mark.parametrize("params", [
+    dict(method="specsteer"), dict(method="specsteer", s0_on_device=True),
+    dict(method="specsteer", temperature=0.8, seed=3), dict(method="speculative"),
+    dict(method="costeer"), dict(method="light_costeer"),
+])
+def test_privacy_canary_never_crosses_the_wire(tiny_model, verifier, store, params):
+    frames: list[tuple[str, bytes]] = []
+    client = Client(tiny_model, history=store, companion=_local(verifier),
+                    tap=lambda direction, frame: frames.append((direction, frame)))
+    result = client.generate(SUBJECT, max_new_tokens=32, **params)
+    # the canary really was retrieved and given to the Specialist
+    assert any(CANARY in t for t in [result.prompt.with_context])
+    assert CANARY not in result.prompt.request
+    canary_ids = tiny_model.tokenizer.encode(CANARY)
+    up = [f for d, f in frames if d == "up"]
+    assert up and all(CANARY.encode() not in f for _, f in frames)
+    sent_ids: list[int] = []
+    for frame in up:
+        msg = protocol.decode(frame, protocol.Limits())
+        if isinstance(msg, protocol.OpenSession):
+            assert not _contains(list(msg.prompt_ids), canary_ids)
+        elif isinstance(msg, protocol.Draft):
+            sent_ids += [*msg.committed_ids, *msg.draft_ids]
+        elif isinstance(msg, protocol.RowRequest):
+            sent_ids += list(msg.committed_ids)
+    # ids sent beyond the prompt are drafted/committed output only; the canary is not among them
+    # unless the model wrote it out, which is then visible in the output itself
+    if not _contains(result.tokens, canary_ids):
+        assert not _contains(sent_ids, canary_ids)
+
+
+def _contains(haystack: list[int], needle: list[int]) -> bool:
+    n = len(needle)
+    return any(haystack[i:i + n] == needle for i in range(len(haystack) - n + 1))
+
+
+def test_bytes_accounting_equals_captured_frames(tiny_model, verifier, store):
+    frames: list[tuple[str, bytes]] = []
+    client = Client(tiny_model, history=store, companion=_local(verifier),
+                    tap=lambda d, f: frames.append((d, f)))
+    result = client.generate(SUBJECT, max_new_tokens=40)
+    assert result.stats.bytes_up == sum(len(f) for d, f in frames if d == "up")
+    assert result.stats.bytes_down == sum(len(f) for d, f in frames if d == "down")
+    assert result.stats.bytes_up > 0 and result.stats.bytes_down > 0
+
+
+def test_identical_models_without_context_accept_every_draft(tiny_model):
+    same = Verifier(tiny_model, tiny_model)
+    client = Client(tiny_model, history=None, companion=_local(same))
+    result = client.generate("Meeting notes", max_new_tokens=40, k=4, gamma=1.0)
+    assert result.stats.drafted > 0
+    assert result.stats.accepted == result.stats.drafted
+    assert "recovered" not in result.provenance
+
+
+def test_alpha_zero_specsteer_with_gamma_zero_keeps_every_draft(tiny_model, verifier, store):
+    client = Client(tiny_model, history=store, companion=_local(verifier))
+    slm = client.generate(SUBJECT, method="slm_rag", max_new_tokens=30)
+    steered = client.generate(SUBJECT, gamma=0.0, k=4, max_new_tokens=30)
+    assert steered.stats.acceptance_rate == 1.0
+    # drafts equal the local greedy output; only bonus tokens may differ
+    first_bonus = steered.provenance.index("bonus")
+    assert steered.tokens[:first_bonus] == slm.tokens[:first_bonus]
+
+
+def test_speculative_equals_generalist_greedy(tiny_model, verifier, store):
+    client = Client(tiny_model, history=store, companion=_local(verifier))
+    llm = client.generate(SUBJECT, method="llm", max_new_tokens=30)
+    spec = client.generate(SUBJECT, method="speculative", max_new_tokens=30)
+    assert spec.tokens == llm.tokens
+
+
+def test_device_placed_s0_gives_the_same_tokens(tiny_model, verifier, store):
+    client = Client(tiny_model, history=store, companion=_local(verifier))
+    a = client.generate(SUBJECT, max_new_tokens=30)
+    b = client.generate(SUBJECT, max_new_tokens=30, s0_on_device=True)
+    assert a.tokens == b.tokens
+
+
+def test_unreachable_companion_degrades_to_local(tiny_model, store):
+    def unreachable():
+        raise CompanionUnavailable("no route")
+
+    client = Client(tiny_model, history=store, companion=unreachable)
+    result = client.generate(SUBJECT, max_new_tokens=16)
+    assert result.stats.degraded and set(result.provenance) == {"local"}
+    local = client.generate(SUBJECT, method="slm_rag", max_new_tokens=16)
+    assert result.tokens == local.tokens
+    with pytest.raises(CompanionUnavailable):
+        client.generate(SUBJECT, max_new_tokens=16, offline="fail")
+
+
+class _DyingChannel(LocalChannel):
+    """Works for `frames` frames, then the companion is gone."""
+
+    def __init__(self, endpoint, frames: int) -> None:
+        super().__init__(endpoint)
+        self.left = frames
+
+    def send(self, frame: bytes) -> None:
+        self.left -= 1
+        if self.left < 0:
+            raise CompanionUnavailable("connection reset")
+        super().send(frame)
+
+
+def test_companion_dying_mid_generation_completes_locally(tiny_model, verifier, store):
+    from specsteer_companion.endpoint import CompanionEndpoint
+
+    client = Client(tiny_model, history=store,
+                    companion=lambda: _DyingChannel(CompanionEndpoint(verifier), frames=5))
+    result = client.generate(SUBJECT, max_new_tokens=40, k=2)
+    assert result.stats.degraded
+    assert result.provenance[0] != "local" and result.provenance[-1] == "local"
+    # the local continuation is exactly what the Specialist would write after that prefix
+    session = tiny_model.new_session()
+    _, device_prompt = client.prepare(SUBJECT)
+    first_local = result.provenance.index("local")
+    row = session.append([*device_prompt.private_ids, *result.tokens[:first_local]])[-1]
+    assert result.tokens[first_local] == int(np.argmax(row))
+
+
+def test_model_mismatch_is_refused(tiny_model, tiny_generalist, store):
+    wrong = Verifier(tiny_generalist, tiny_generalist)  # generic Specialist is not the device's
+    client = Client(tiny_model, history=store, companion=_local(wrong))
+    with pytest.raises(CompanionError, match="same artifact"):
+        client.generate(SUBJECT, max_new_tokens=8, offline="fail")
