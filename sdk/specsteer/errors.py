@@ -105,3 +105,23 @@ class UnknownTask(HistoryError, ValueError):
 
 class PromptTooLong(HistoryError):
     """The request alone does not fit the prompt token budget, before any context is added."""
+
+
+class CompanionConfigError(SpecSteerError, ValueError):
+    """A companion setting is invalid: a limit out of range, a bad device name, a TLS option."""
+
+
+class TLSFileError(CompanionConfigError):
+    """A certificate or key file is missing, unreadable, not PEM, or the two do not match."""
+
+
+class TokenStoreError(SpecSteerError):
+    """The device token store could not be opened or is not one (damaged, newer schema)."""
+
+
+class CompanionLimitError(SpecSteerError, RuntimeError):
+    """A companion limiter was used wrongly, e.g. released a session it never granted."""
+
+
+class InvalidQuery(HistoryError, ValueError):
+    """A prompt query item lacks the field its task needs (e.g. "title" for "abstract")."""
