@@ -49,7 +49,7 @@ def serve(
     authenticate = None
     if not open_access:
         store = TokenStore(tokens or default_store_path())
-        authenticate = lambda secret: (info.device_name if (info := store.verify(secret)) else None)  # noqa: E731
+        authenticate = lambda secret: (info.token_id if (info := store.verify(secret)) else None)  # noqa: E731
     ssl_context = server_ssl_context(cert, key) if cert and key else None
     server = CompanionServer(
         Verifier(g, s), ServerConfig(host=host, port=port, workers=workers,

@@ -143,6 +143,8 @@ class CompanionEndpoint:
         try:
             self.session = self.verifier.open(request)
         except ValueError as exc:
+            if self.on_session is not None:
+                self.on_session(self.identity or "", False)
             self.conn.fail(ErrorCode.UNSUPPORTED, str(exc))
             return
         self.conn.session_opened(next(_session_ids), len(request.prompt_ids))

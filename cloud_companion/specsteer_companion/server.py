@@ -22,6 +22,7 @@ from websockets.exceptions import ConnectionClosed
 
 from specsteer.protocol import ErrorCode, Limits
 from specsteer_companion.endpoint import Authenticator, CompanionEndpoint
+from specsteer_companion.limits import SessionCounter, TokenBucket
 from specsteer_companion.verifier import Verifier
 
 log = logging.getLogger("specsteer_companion")
@@ -55,26 +56,18 @@ class CompanionServer:
         self.limits = self.config.limits or Limits()
         self._pool = ThreadPoolExecutor(max_workers=self.config.workers,
                                         thread_name_prefix="verify")
-        self._sessions: dict[str, int] = {}
-        self._lock = threading.Lock()
+        self._sessions = SessionCounter(max_per_token=self.config.max_sessions_per_identity,
+                                        max_total=self.config.max_sessions)
         self.port: int | None = None
         self.connections = 0
 
     def _session_quota(self, identity: str, opening: bool) -> bool:
-        with self._lock:
-            if not opening:
-                self._sessions[identity] = max(0, self._sessions.get(identity, 0) - 1)
-                return True
-            total = sum(self._sessions.values())
-            mine = self._sessions.get(identity, 0)
-            if total >= self.config.max_sessions or mine >= self.config.max_sessions_per_identity:
-                return False
-            self._sessions[identity] = mine + 1
-            return True
+        if opening:
+            return self._sessions.acquire(identity)
+        self._sessions.release(identity)
+        return True
 
     async def _handle(self, ws: ServerConnection) -> None:
-        from specsteer_companion.limits import TokenBucket
-
         endpoint = CompanionEndpoint(self.verifier, authenticate=self.authenticate,
                                      limits=self.limits, on_session=self._session_quota)
         bucket = TokenBucket(rate=self.config.requests_per_second, burst=self.config.burst)

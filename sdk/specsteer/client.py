@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from specsteer.device import PRESETS, DecodeStats, DevicePrompt, Params, TokenEvent, decode
-from specsteer.errors import CompanionUnavailable
+from specsteer.errors import CompanionError, CompanionUnavailable, ProtocolError
 from specsteer.history import HistoryStore, Prompt, build_prompt, retrieve
 from specsteer.link import CompanionLink, FrameChannel, FrameTap
 from specsteer.runtime import load_model
@@ -55,6 +55,7 @@ class GenerationStats:
     bytes_up: int
     bytes_down: int
     degraded: bool
+    offline_reason: str | None = None  # why generation went local, when it did
     records: tuple[str, ...] = ()
     truncated: tuple[str, ...] = ()
 
@@ -161,14 +162,14 @@ class Client:
         prompt, device_prompt = self.prepare(query, task=task, before=before)
         retrieval_s = time.perf_counter() - started
         link = None
-        degraded_at_start = False
+        offline_reason: str | None = None
         if settings.method not in ("slm", "slm_rag"):
             try:
                 link = self._connect()
-            except CompanionUnavailable:
+            except (CompanionUnavailable, CompanionError, ProtocolError) as exc:
                 if offline == "fail":
                     raise
-                degraded_at_start = True
+                offline_reason = str(exc)
             if link is None:
                 settings = replace(settings, method="slm_rag")
         stats = DecodeStats()
@@ -177,9 +178,8 @@ class Client:
         text = ""
         tok = self.specialist.tokenizer
         try:
-            for event in decode(self.specialist, device_prompt, settings, link, stats):
-                if stats.degraded and offline == "fail":
-                    raise CompanionUnavailable("the companion dropped the connection")
+            for event in decode(self.specialist, device_prompt, settings, link, stats,
+                                degrade=offline == "degrade"):
                 if event.token in tok.eos_ids:
                     break
                 tokens.append(event.token)
@@ -211,7 +211,8 @@ class Client:
                     wait_s=link.stats.wait_s if link else 0.0,
                     bytes_up=link.stats.bytes_up if link else 0,
                     bytes_down=link.stats.bytes_down if link else 0,
-                    degraded=degraded_at_start or stats.degraded,
+                    degraded=offline_reason is not None or stats.degraded,
+                    offline_reason=offline_reason or stats.offline_reason,
                     records=prompt.records, truncated=prompt.truncated,
                 ),
             ))

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from specsteer import steer
-from specsteer.errors import CompanionUnavailable, SpecSteerError
+from specsteer.errors import CompanionError, CompanionUnavailable, ProtocolError, SpecSteerError
 from specsteer.link import CompanionLink
 from specsteer.protocol import Mode, Select
 from specsteer.runtime.base import LanguageModel, Session
@@ -81,6 +81,7 @@ class DecodeStats:
     wait_s: float = 0.0
     first_token_s: float | None = None
     degraded: bool = False
+    offline_reason: str | None = None
     accept_lengths: list[int] = field(default_factory=list)
 
     @property
@@ -120,11 +121,14 @@ def decode(
     params: Params,
     link: CompanionLink | None = None,
     stats: DecodeStats | None = None,
+    *,
+    degrade: bool = True,
 ) -> Iterator[TokenEvent]:
     """Yield generated tokens for `prompt` with `params.method`; stops at end-of-text.
 
-    If the companion becomes unavailable mid-generation, the rest is generated locally with
-    the private context (provenance "local") and `stats.degraded` is set.
+    If the companion becomes unavailable or fails mid-generation, the rest is generated locally
+    with the private context (provenance "local") and `stats.degraded` is set; with
+    `degrade=False` the error propagates instead.
     """
     stats = stats if stats is not None else DecodeStats()
     eos = specialist.tokenizer.eos_ids
@@ -158,8 +162,11 @@ def decode(
                 token, provenance = next(remote)
             except StopIteration:
                 return
-            except CompanionUnavailable:
+            except (CompanionUnavailable, CompanionError, ProtocolError) as exc:
+                if not degrade:
+                    raise
                 stats.degraded = True
+                stats.offline_reason = str(exc)
                 remote = None
                 _resync(local, [*prompt_ids, *out])
                 break

@@ -1,0 +1,107 @@
+"""The device–companion link over real sockets: tokens, TLS, limits, the canary over wss://."""
+
+from __future__ import annotations
+
+import pytest
+
+from specsteer import protocol
+from specsteer.client import Client
+from specsteer.errors import CompanionError, CompanionUnavailable
+from specsteer.history import HistoryStore
+from specsteer.protocol import ErrorCode
+from specsteer_companion.auth import TokenStore
+from specsteer_companion.server import CompanionServer, ServerConfig
+from specsteer_companion.tls import client_ssl_context, make_self_signed, server_ssl_context
+from specsteer_companion.verifier import Verifier
+
+CANARY = "QWV-CANARY-5520-heron"
+
+
+@pytest.fixture()
+def store() -> HistoryStore:
+    history = HistoryStore(memory=True)
+    history.add(kind="email", title="Team offsite", body=f"Dear all, the offsite is set. {CANARY}")
+    return history
+
+
+@pytest.fixture()
+def tokens(tmp_path) -> TokenStore:
+    return TokenStore(tmp_path / "tokens.db")
+
+
+def _auth(tokens: TokenStore):
+    return lambda secret: (info.token_id if (info := tokens.verify(secret)) else None)
+
+
+def test_tokens_valid_missing_wrong_and_revoked(tiny_model, tiny_generalist, store, tokens):
+    issued = tokens.create("alice-laptop")
+    other = tokens.create("bob-phone")
+    server = CompanionServer(Verifier(tiny_generalist, tiny_model), authenticate=_auth(tokens))
+    with server.running() as url:
+        ok = Client(tiny_model, history=store, companion=url, token=issued.secret)
+        assert not ok.generate("Team offsite", max_new_tokens=8, offline="fail").stats.degraded
+        for bad in ["", "sst_0000000000000000_" + "x" * 43, issued.secret[:-1] + "A"]:
+            client = Client(tiny_model, history=store, companion=url, token=bad)
+            with pytest.raises(CompanionError) as info:
+                client.generate("Team offsite", max_new_tokens=8, offline="fail")
+            assert info.value.code == ErrorCode.AUTH_FAILED
+        assert tokens.revoke(other.token_id)
+        revoked = Client(tiny_model, history=store, companion=url, token=other.secret)
+        with pytest.raises(CompanionError, match="revoked"):
+            revoked.generate("Team offsite", max_new_tokens=8, offline="fail")
+        # refused clients degrade gracefully by default: the app still gets text
+        degraded = revoked.generate("Team offsite", max_new_tokens=8)
+        assert degraded.stats.degraded and degraded.tokens
+
+
+def test_canary_over_tls(tiny_model, tiny_generalist, store, tmp_path):
+    cert, key = make_self_signed(tmp_path / "tls")
+    server = CompanionServer(Verifier(tiny_generalist, tiny_model),
+                             ssl_context=server_ssl_context(cert, key))
+    frames: list[tuple[str, bytes]] = []
+    with server.running() as url:
+        assert url.startswith("wss://")
+        client = Client(tiny_model, history=store, companion=url.replace("127.0.0.1", "localhost"),
+                        ssl_context=client_ssl_context(cert), tap=lambda d, f: frames.append((d, f)))
+        result = client.generate("Team offsite", max_new_tokens=24, offline="fail")
+        assert CANARY in result.prompt.with_context
+        assert frames and all(CANARY.encode() not in f for _, f in frames)
+        prompt_ids = [protocol.decode(f, protocol.Limits()) for d, f in frames if d == "up"]
+        canary_ids = tiny_model.tokenizer.encode(CANARY)
+        for msg in prompt_ids:
+            if isinstance(msg, protocol.OpenSession):
+                ids = list(msg.prompt_ids)
+                assert all(ids[i:i + len(canary_ids)] != canary_ids for i in range(len(ids)))
+        # a client that does not trust the certificate cannot connect
+        untrusting = Client(tiny_model, history=store, companion=url,
+                            ssl_context=client_ssl_context())
+        with pytest.raises(CompanionUnavailable):
+            untrusting.generate("Team offsite", max_new_tokens=4, offline="fail")
+
+
+def test_session_quota_per_identity(tiny_model, tiny_generalist, store):
+    from specsteer.link import CompanionLink
+    from specsteer.transport import WebSocketChannel
+
+    server = CompanionServer(Verifier(tiny_generalist, tiny_model),
+                             ServerConfig(port=0, max_sessions_per_identity=2))
+    with server.running() as url:
+        links = []
+        for _ in range(2):
+            link = CompanionLink(WebSocketChannel(url))
+            link.hello(client_name="same-device")
+            link.open([1, 2, 3], mode=protocol.Mode.SPECSTEER, gamma=0.5, alpha=1.0, top_k=8,
+                      temperature=0.0, seed=0, select=protocol.Select.TOP_LOGP_G,
+                      s0_on_device=False)
+            links.append(link)
+        third = CompanionLink(WebSocketChannel(url))
+        third.hello(client_name="same-device")
+        with pytest.raises(CompanionError) as info:
+            third.open([1, 2, 3], mode=protocol.Mode.SPECSTEER, gamma=0.5, alpha=1.0, top_k=8,
+                       temperature=0.0, seed=0, select=protocol.Select.TOP_LOGP_G,
+                       s0_on_device=False)
+        assert info.value.code == ErrorCode.SESSION_LIMIT
+        links[0].close()
+        # a freed slot can be used again
+        again = Client(tiny_model, history=store, companion=url)
+        assert not again.generate("Team offsite", max_new_tokens=4, offline="fail").stats.degraded
