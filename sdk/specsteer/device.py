@@ -43,6 +43,7 @@ class Params:
     s0_on_device: bool = False
     costeer_iterations: int = 20
     beta: float = 1.0
+    pipeline: bool = True  # draft the next round while the companion verifies (greedy only)
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
@@ -82,6 +83,7 @@ class DecodeStats:
     first_token_s: float | None = None
     degraded: bool = False
     offline_reason: str | None = None
+    pipelined: int = 0  # rounds whose draft was made while the previous one was verified
     accept_lengths: list[int] = field(default_factory=list)
 
     @property
@@ -204,37 +206,45 @@ def _remote_tokens(specialist: LanguageModel, local: _Local, prompt: DevicePromp
         return
     s0 = _Local(specialist, prompt.public_ids, params.max_new_tokens) \
         if params.s0_on_device and mode is Mode.SPECSTEER else None
+    # Pipelining (greedy only, so the output is unchanged): while the companion verifies a
+    # draft, the device bets that all of it is accepted and that the bonus token is its own
+    # argmax, and drafts the next round; a lost bet is one rewind, a won bet hides a draft.
+    pipeline = params.pipeline and params.temperature <= 0
     committed: list[int] = []  # ids the companion has not seen yet
     produced = 0
+    ahead: _Drafted | None = None
     try:
         while True:
             t0 = time.perf_counter()
-            if committed:
-                local.push(committed[-1])
-            k = max(0, min(params.k, params.max_new_tokens - produced - 1))
-            base = local.session.length
-            draft, rows = [], [local.row]
-            for _ in range(k):
-                token = _choose(rows[-1], params.temperature, rng)
-                draft.append(token)
-                if token in eos:
-                    break
-                rows.append(local.push(token))
+            if ahead is not None:
+                current, ahead = ahead, None
+            else:
+                if committed:
+                    local.push(committed[-1])
+                current = _draft(local, _budget(params, produced), params.temperature, rng, eos)
+            draft, rows = current.tokens, current.rows
             s0_draft = s0_rows = None
             if s0 is not None:
                 s0_rows = _extend(s0, [*committed, *draft])
                 off = len(committed)
                 lp = steer.log_softmax(s0_rows, params.temperature)
                 s0_draft = [float(lp[off + j, t]) for j, t in enumerate(draft)]
+            link.submit_draft(draft, committed, s0_draft)
+            guess = None
+            if pipeline and draft and draft[-1] not in eos:
+                guess = int(np.argmax(rows[-1]))
+                next_budget = _budget(params, produced + len(draft) + 1)
+                if guess not in eos and next_budget > 0:
+                    local.push(guess)
+                    ahead = _draft(local, next_budget, params.temperature, rng, eos)
             stats.device_s += time.perf_counter() - t0
-            verdict = link.verify(draft, committed, s0_draft)
+            verdict = link.wait_verdict()
             t1 = time.perf_counter()
             n = verdict.accepted
             stats.rounds += 1
             stats.drafted += len(draft)
             stats.accepted += n
             stats.accept_lengths.append(n)
-            local.session.rewind(min(base + n, local.session.length))  # an eos draft isn't appended
             if n == len(draft) and draft and draft[-1] in eos:  # the draft's end-of-text stands
                 yield from ((t, "draft") for t in draft)
                 return
@@ -253,13 +263,17 @@ def _remote_tokens(specialist: LanguageModel, local: _Local, prompt: DevicePromp
                 else:
                     scores = values + params.alpha * logp_sc
                 token = steer.pick(ids, scores, params.temperature, rng)
+            if ahead is not None and (n < len(draft) or token != guess):
+                ahead = None  # lost bet
+            if ahead is None:
+                local.session.rewind(min(current.base + n, local.session.length))
+            else:
+                stats.pipelined += 1
             stats.device_s += time.perf_counter() - t1
             stats.wait_s = link.stats.wait_s
             for t in draft[:n]:
                 produced += 1
                 yield t, "draft"
-                if t in eos:
-                    return
             produced += 1
             yield token, ("bonus" if n == len(draft) else "recovered")
             if token in eos:
@@ -268,6 +282,32 @@ def _remote_tokens(specialist: LanguageModel, local: _Local, prompt: DevicePromp
     finally:
         if s0 is not None:
             s0.session.close()
+
+
+@dataclass
+class _Drafted:
+    """One round's draft: tokens, the Specialist rows predicting each and the one after."""
+
+    base: int  # session length before the first drafted token
+    tokens: list[int]
+    rows: list[np.ndarray]
+
+
+def _budget(params: Params, produced: int) -> int:
+    """Draft length that leaves room for the round's recovered/bonus token."""
+    return max(0, min(params.k, params.max_new_tokens - produced - 1))
+
+
+def _draft(local: _Local, k: int, temperature: float, rng: np.random.Generator | None,
+           eos: frozenset[int]) -> _Drafted:
+    drafted = _Drafted(local.session.length, [], [local.row])
+    for _ in range(k):
+        token = _choose(drafted.rows[-1], temperature, rng)
+        drafted.tokens.append(token)
+        if token in eos:  # an end-of-text draft is not appended: nothing follows it
+            break
+        drafted.rows.append(local.push(token))
+    return drafted
 
 
 def _resync(local: _Local, sequence: Sequence[int]) -> None:

@@ -77,9 +77,12 @@ class CompanionLink:
             self.channel.send(frame)
 
     def _await(self, wanted: type) -> object:
+        self._flush()
+        return self._wait(wanted)
+
+    def _wait(self, wanted: type) -> object:
         started = time.perf_counter()
         try:
-            self._flush()
             while True:
                 frame = self.channel.recv(self.timeout)
                 if self.tap is not None:
@@ -127,8 +130,17 @@ class CompanionLink:
 
     def verify(self, draft: Sequence[int], committed: Sequence[int] = (),
                logp_s0: Sequence[float] | None = None) -> Verdict:
+        self.submit_draft(draft, committed, logp_s0)
+        return self.wait_verdict()
+
+    def submit_draft(self, draft: Sequence[int], committed: Sequence[int] = (),
+                     logp_s0: Sequence[float] | None = None) -> None:
+        """Send a draft without waiting, so the device can work while it is verified."""
         self.conn.send_draft(list(draft), committed_ids=list(committed), logp_s0=logp_s0)
-        event = self._await(VerdictReceived)
+        self._flush()
+
+    def wait_verdict(self) -> Verdict:
+        event = self._wait(VerdictReceived)
         assert isinstance(event, VerdictReceived)
         return event.verdict
 

@@ -178,3 +178,14 @@ def test_model_mismatch_is_refused(tiny_model, tiny_generalist, store):
     client = Client(tiny_model, history=store, companion=_local(wrong))
     with pytest.raises(CompanionError, match="same artifact"):
         client.generate(SUBJECT, max_new_tokens=8, offline="fail")
+
+
+@pytest.mark.parametrize("extra", [dict(), dict(method="speculative"), dict(s0_on_device=True),
+                                   dict(gamma=0.0), dict(k=1), dict(k=6, gamma=0.1)])
+def test_pipelining_never_changes_the_output(tiny_model, verifier, store, extra):
+    client = Client(tiny_model, history=store, companion=_local(verifier))
+    plain = client.generate(SUBJECT, max_new_tokens=40, pipeline=False, **extra)
+    piped = client.generate(SUBJECT, max_new_tokens=40, pipeline=True, **extra)
+    assert piped.tokens == plain.tokens
+    assert piped.provenance == plain.provenance
+    assert piped.stats.rounds == plain.stats.rounds

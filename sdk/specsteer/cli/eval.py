@@ -1,0 +1,115 @@
+"""`specsteer eval`: run SpecSteer and the baselines on per-user data and write a report.
+
+A thin mapping onto `specsteer.eval`: load examples, load both models, run the harness with a
+progress bar (ETA), then write DIR/results.jsonl, DIR/report.md and DIR/quality_vs_speed.png.
+Re-running with the same --out resumes: rows already in results.jsonl are skipped.
+Errors a user can act on become one red line and exit code 1.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
+
+from specsteer.errors import SpecSteerError
+
+
+def register(app: typer.Typer) -> None:
+    """Add the top-level `eval` command to the main CLI."""
+    app.command("eval")(eval_command)
+
+
+def eval_command(
+    task: Annotated[str, typer.Option(help="Task: email, abstract, title, tweet (shared data) "
+                                           "or review, topic with --data.")],
+    more_methods: Annotated[list[str] | None, typer.Argument(
+        hidden=True, help="Further method names after --methods (space-separated).")] = None,
+    data: Annotated[Path | None, typer.Option(
+        help="A LaMP/LongLaMP-format JSON list or JSONL file (default: the shared data set).")
+    ] = None,
+    users: Annotated[int, typer.Option(min=1, help="Evaluate the first N users.")] = 5,
+    methods: Annotated[list[str] | None, typer.Option(
+        help="Methods, space- or comma-separated: slm slm_rag llm speculative light_costeer "
+             "costeer specsteer@1.0 specsteer@0.5 specsteer@0.1 (default: all of these).")
+    ] = None,
+    specialist: Annotated[str, typer.Option(help="Specialist: registry name or compiled folder.")
+                          ] = "qwen2.5-0.5b",
+    generalist: Annotated[str, typer.Option(help="Generalist: registry name or compiled folder.")
+                          ] = "qwen2.5-1.5b",
+    precision: Annotated[str | None, typer.Option(
+        help="Compiled precision of registry models (default: the registry's).")] = None,
+    max_new_tokens: Annotated[int, typer.Option(min=1)] = 64,
+    retrieve_k: Annotated[int, typer.Option(min=0, help="BM25 records in the private context."
+                                            )] = 5,
+    rtt_ms: Annotated[float, typer.Option(
+        min=0, help="Emulated network round trip added to every companion reply.")] = 0.0,
+    max_prompt_tokens: Annotated[int, typer.Option(min=64, help="Budget of the private prompt."
+                                                   )] = 1024,
+    draft_k: Annotated[int, typer.Option(min=1, help="Tokens drafted per SpecSteer round.")] = 4,
+    alpha: Annotated[float, typer.Option(help="Steering strength of the private term.")] = 1.0,
+    threads: Annotated[int, typer.Option(min=1, help="ONNX Runtime threads per model.")] = 1,
+    out: Annotated[Path, typer.Option(help="Results folder (resumed when it exists).")
+                   ] = Path("eval-results"),
+) -> None:
+    """Evaluate SpecSteer and the baselines: ROUGE, acceptance, speed and bytes per token."""
+    from specsteer.eval import data as data_lib
+    from specsteer.eval import harness as harness_lib
+    from specsteer.eval import report as report_lib
+    from specsteer.eval.harness import DEFAULT_METHODS, RESULTS, EvalConfig
+    from specsteer.runtime import load_model
+
+    err = Console(stderr=True, soft_wrap=True, highlight=False)
+    if more_methods and not methods:
+        err.print(f"error: unexpected arguments {more_methods}; methods go after --methods",
+                  style="red", markup=False)
+        raise typer.Exit(2)
+    try:
+        specs = harness_lib.parse_methods([*(methods or DEFAULT_METHODS), *(more_methods or [])])
+        config = EvalConfig(task=task, max_new_tokens=max_new_tokens, retrieve_k=retrieve_k,
+                            rtt_ms=rtt_ms, max_prompt_tokens=max_prompt_tokens, draft_k=draft_k,
+                            alpha=alpha)
+        examples = data_lib.load_examples(task, data, users)
+        err.print(f"{len(examples)} users × {len(specs)} methods; loading {specialist} and "
+                  f"{generalist}", style="dim", markup=False)
+        harness = harness_lib.Harness(load_model(specialist, precision=precision, threads=threads),
+                                      load_model(generalist, precision=precision, threads=threads),
+                                      config)
+        harness_lib.check_run_config(out, harness_lib.run_config(
+            harness, None if data is None else str(data.resolve())))
+        results = out / RESULTS
+        planned = {(e.user, s.label) for e in examples for s in specs}
+        already = len(planned & {harness_lib.row_key(r) for r in harness_lib.read_results(results)})
+        columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                   TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn())
+        with Progress(*columns, console=err, transient=False) as bar:
+            job = bar.add_task("evaluating", total=len(planned), completed=already)
+
+            def advance(example: data_lib.Example, spec: harness_lib.MethodSpec,
+                        row: dict | None) -> None:
+                if row is None:
+                    return  # counted in `already`
+                bar.update(job, advance=1, description=f"{example.user[:24]} · {spec.label}")
+
+            for _ in harness_lib.run_eval(harness, examples, specs, results, progress=advance):
+                pass
+        rows = [r for r in harness_lib.read_results(results)
+                if harness_lib.row_key(r) in planned]
+        plot = report_lib.plot_quality_vs_speed(rows, out / "quality_vs_speed.png")
+        text = report_lib.render_report(rows, harness_lib.run_config(harness, None), plot.name)
+        (out / "report.md").write_text(text, encoding="utf-8")
+    except SpecSteerError as exc:
+        err.print(f"error: {exc}", style="red", markup=False)
+        raise typer.Exit(1) from None
+    typer.echo(report_lib.markdown_table(report_lib.summarize(rows)))
+    typer.echo(f"\nwrote {results}, {out / 'report.md'}, {plot}")

@@ -1,0 +1,351 @@
+"""The evaluation loop: every method on every example through the real decoding loop and protocol.
+
+Per example it builds a fresh in-memory `HistoryStore` from the user's profile, retrieves the
+BM25 top-k records, renders the prompt with and without them in the Specialist's chat format,
+and runs each selected method with `device.decode`. Collaborative methods talk to an in-process
+companion (`LocalChannel`: the same frames as the network), so bytes and round trips are those a
+deployment would pay; an optional emulated round-trip time is slept on every companion reply.
+Rows go to `results.jsonl` one by one, so an interrupted run resumes where it stopped.
+It must not change how any method decodes: it only calls `decode` and measures.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from specsteer.device import LOCAL_METHODS, METHODS, DecodeStats, DevicePrompt, Params, decode
+from specsteer.eval.data import EvalError, Example
+from specsteer.eval.metrics import rouge
+from specsteer.history import prompts
+from specsteer.history.store import HistoryStore
+from specsteer.link import CompanionLink, FrameChannel
+from specsteer.runtime.base import LanguageModel
+from specsteer.tokenizer import Message
+from specsteer_companion.local import LocalChannel
+from specsteer_companion.verifier import Verifier
+
+DEFAULT_METHODS = ("slm", "slm_rag", "llm", "speculative", "light_costeer", "costeer",
+                   "specsteer@1.0", "specsteer@0.5", "specsteer@0.1")
+RESULTS = "results.jsonl"
+RUN_CONFIG = "run.json"
+
+
+@dataclass(frozen=True)
+class MethodSpec:
+    """A selectable method: `label` names the results rows ("specsteer@0.5")."""
+
+    label: str
+    method: str
+    gamma: float
+
+    @property
+    def collaborative(self) -> bool:
+        return self.method not in LOCAL_METHODS
+
+
+def parse_method(name: str) -> MethodSpec:
+    """"specsteer@0.1" -> SpecSteer at gamma 0.1; a bare name uses the default gamma (0.5)."""
+    method, _, gamma_text = name.strip().partition("@")
+    if method not in METHODS:
+        raise EvalError(f"unknown method {name!r}; choose from {', '.join(METHODS)} "
+                        "(SpecSteer with a threshold: specsteer@1.0, specsteer@0.5, specsteer@0.1)")
+    if not gamma_text:
+        if method == "specsteer":
+            return _specsteer(Params().gamma)
+        return MethodSpec(method, method, Params().gamma)
+    if method != "specsteer":
+        raise EvalError(f"{name!r}: only specsteer takes a gamma (specsteer@0.5)")
+    try:
+        gamma = float(gamma_text)
+    except ValueError:
+        raise EvalError(f"{name!r}: gamma must be a number, e.g. specsteer@0.5") from None
+    if gamma < 0:
+        raise EvalError(f"{name!r}: gamma must be >= 0")
+    return _specsteer(gamma)
+
+
+def _specsteer(gamma: float) -> MethodSpec:
+    # One label per threshold: "specsteer", "specsteer@0.5" and "specsteer@0.50" are one method.
+    shown = f"{gamma:.1f}" if round(gamma, 1) == gamma else f"{gamma:g}"
+    return MethodSpec(f"specsteer@{shown}", "specsteer", gamma)
+
+
+def parse_methods(names: Iterable[str]) -> list[MethodSpec]:
+    """Methods in the order given, duplicates (same label) dropped."""
+    specs: dict[str, MethodSpec] = {}
+    for name in names:
+        for part in name.replace(",", " ").split():
+            spec = parse_method(part)
+            specs.setdefault(spec.label, spec)
+    if not specs:
+        raise EvalError("select at least one method")
+    return list(specs.values())
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    """What a run holds fixed; a results folder is only resumed under the same config."""
+
+    task: str
+    max_new_tokens: int = 64
+    retrieve_k: int = 5
+    rtt_ms: float = 0.0
+    max_prompt_tokens: int = prompts.DEFAULT_MAX_PROMPT_TOKENS
+    draft_k: int = 4  # drafted tokens per round (the paper's K)
+    alpha: float = 1.0
+    top_k: int = 64  # sparse candidates per recovery / row
+    costeer_iterations: int = 20
+
+    def params(self, spec: MethodSpec) -> Params:
+        return Params(method=spec.method, gamma=spec.gamma, alpha=self.alpha, k=self.draft_k,
+                      top_k=self.top_k, max_new_tokens=self.max_new_tokens,
+                      costeer_iterations=self.costeer_iterations)
+
+
+class DelayedChannel:
+    """A FrameChannel that sleeps `rtt_ms` before each reply: an emulated network round trip.
+
+    Every request of the protocol gets exactly one reply frame, so per-token methods pay the
+    RTT once per token and SpecSteer once per round, as over a real link.
+    """
+
+    def __init__(self, inner: FrameChannel, rtt_ms: float) -> None:
+        self.inner = inner
+        self.delay_s = rtt_ms / 1000.0
+
+    def send(self, frame: bytes) -> None:
+        self.inner.send(frame)
+
+    def recv(self, timeout: float) -> bytes:
+        time.sleep(self.delay_s)
+        return self.inner.recv(timeout)
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """An example's two prompt views plus what retrieval put in the private one."""
+
+    device: DevicePrompt
+    records: tuple[str, ...]
+    truncated: tuple[str, ...]
+
+
+class Harness:
+    """Loaded models and an in-process companion; runs methods on examples."""
+
+    def __init__(self, specialist: LanguageModel, generalist: LanguageModel,
+                 config: EvalConfig) -> None:
+        if specialist.tokenizer.vocab_hash != generalist.tokenizer.vocab_hash:
+            raise EvalError(
+                f"{specialist.name} and {generalist.name} have different tokenizers; the "
+                "harness evaluates the same-tokenizer path (pick a Specialist/Generalist pair "
+                "of one family, e.g. qwen2.5-0.5b with qwen2.5-1.5b)")
+        prompts.get_task(config.task)  # raises UnknownTask naming the valid ones
+        self.specialist = specialist
+        self.generalist = generalist
+        self.config = config
+        # The companion's generic Specialist is the device's own artifact: share the loaded model.
+        self.verifier = Verifier(generalist, specialist)
+
+    def prepare(self, example: Example) -> Prepared:
+        """Fresh history from the profile, BM25 top-k, both prompts in the chat format."""
+        tokenizer = self.specialist.tokenizer
+        store = HistoryStore(memory=True)
+        try:
+            store.add_many(example.records)
+            hits = prompts.retrieve(store, example.task, example.query, self.config.retrieve_k,
+                                    before=example.before)
+        finally:
+            store.close()
+        prompt = prompts.build_prompt(example.task, example.query, hits,
+                                      count_tokens=tokenizer.count,
+                                      max_prompt_tokens=self.config.max_prompt_tokens)
+
+        def ids(private: bool) -> list[int]:
+            chat = [Message(m["role"], m["content"]) for m in prompt.messages(private=private)]
+            return tokenizer.chat_ids(chat)
+
+        return Prepared(DevicePrompt(private_ids=ids(True), public_ids=ids(False)),
+                        prompt.records, prompt.truncated)
+
+    def _link(self) -> CompanionLink:
+        channel: FrameChannel = LocalChannel.for_verifier(self.verifier)
+        if self.config.rtt_ms > 0:
+            channel = DelayedChannel(channel, self.config.rtt_ms)
+        link = CompanionLink(channel)
+        link.hello(generalist_sha256=self.generalist.sha256,
+                   specialist_sha256=self.specialist.sha256)
+        return link
+
+    def run(self, example: Example, prepared: Prepared, spec: MethodSpec) -> dict[str, Any]:
+        """One generation of `spec` on `example`, measured; returns a results row."""
+        params = self.config.params(spec)
+        prompt = prepared.device
+        if spec.method == "llm":  # the baseline never uses c; keep the device's shadow work small
+            prompt = DevicePrompt(private_ids=prompt.public_ids, public_ids=prompt.public_ids)
+        link = self._link() if spec.collaborative else None
+        up0 = link.stats.bytes_up if link else 0  # the handshake is per connection, not per text
+        down0 = link.stats.bytes_down if link else 0
+        requests0 = link.stats.requests if link else 0
+        stats = DecodeStats()
+        started = time.perf_counter()
+        try:
+            tokens = [event.token for event in decode(self.specialist, prompt, params, link, stats)]
+            wall = time.perf_counter() - started
+            bytes_up = link.stats.bytes_up - up0 if link else 0
+            bytes_down = link.stats.bytes_down - down0 if link else 0
+            round_trips = link.stats.requests - requests0 if link else 0
+        finally:
+            if link is not None:
+                link.close()
+        text = self.specialist.tokenizer.decode(tokens).strip()
+        scores = rouge(text, example.gold)
+        ttft = stats.first_token_s if stats.first_token_s is not None else wall
+        effective, effective_ttft = wall, ttft
+        if spec.method == "llm":
+            # device.decode runs the Specialist alongside every method, though "LLM alone" uses
+            # none of it; on a shared CPU that work would slow the baseline, so it is taken out.
+            effective = max(wall - stats.prefill_s - stats.device_s, 1e-9)
+            effective_ttft = max(ttft - stats.prefill_s, 0.0)
+        n = len(tokens)
+        return {
+            "user": example.user,
+            "task": example.task,
+            "method": spec.label,
+            "base_method": spec.method,
+            "gamma": spec.gamma if spec.method == "specsteer" else None,
+            "text": text,
+            "gold": example.gold,
+            "rouge1": scores.rouge1,
+            "rougeL": scores.rougeL,
+            "tokens": n,
+            "tokens_per_s": n / effective if effective > 0 else 0.0,
+            "decode_tokens_per_s": (n - 1) / (effective - effective_ttft)
+            if n > 1 and effective > effective_ttft else None,
+            "acceptance": stats.acceptance_rate if stats.drafted else None,
+            "drafted": stats.drafted,
+            "accepted": stats.accepted,
+            "rounds": stats.rounds if spec.collaborative else 0,
+            "round_trips": round_trips,
+            "bytes_up": bytes_up,
+            "bytes_down": bytes_down,
+            "bytes_up_per_token": bytes_up / n if n else 0.0,
+            "bytes_down_per_token": bytes_down / n if n else 0.0,
+            "ttft_s": effective_ttft,
+            "wall_s": wall,
+            "effective_s": effective,
+            "prefill_s": stats.prefill_s,
+            "device_s": stats.device_s,
+            "wait_s": stats.wait_s,
+            "degraded": stats.degraded,
+            "private_prompt_tokens": len(prepared.device.private_ids),
+            "public_prompt_tokens": len(prepared.device.public_ids),
+            "context_records": len(prepared.records),
+            "truncated_records": len(prepared.truncated),
+            "rtt_ms": self.config.rtt_ms,
+        }
+
+
+# ------------------------------------------------------------------------------ results folder
+
+def read_results(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """Rows of a results.jsonl; a line cut short by an interrupted write is ignored."""
+    target = Path(path)
+    if not target.exists():
+        return []
+    rows = []
+    for line in target.read_text(encoding="utf-8").splitlines():
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(row, dict):
+            rows.append(row)
+    return rows
+
+
+def _drop_partial_line(path: Path) -> None:
+    """Cut a last line left without its newline by an interrupted write, so appends stay whole."""
+    if not path.exists():
+        return
+    with path.open("rb+") as handle:
+        data = handle.read()
+        if data and not data.endswith(b"\n"):
+            handle.truncate(data.rfind(b"\n") + 1)
+
+
+def row_key(row: dict[str, Any]) -> tuple[str, str]:
+    return str(row["user"]), str(row["method"])
+
+
+def check_run_config(out: Path, config: dict[str, Any]) -> None:
+    """Write run.json, or refuse to mix rows of a different setup into an existing folder."""
+    path = out / RUN_CONFIG
+    if path.exists():
+        stored = json.loads(path.read_text(encoding="utf-8"))
+        changed = sorted(key for key in config if stored.get(key) != config[key])
+        if changed:
+            raise EvalError(
+                f"{out} holds results of another setup ({', '.join(changed)} differ: "
+                f"{ {k: stored.get(k) for k in changed} } there); use another --out folder")
+        return
+    out.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+
+
+def run_config(harness: Harness, data: str | None) -> dict[str, Any]:
+    """The settings that make rows comparable (methods and user count may grow on resume)."""
+    return {
+        **asdict(harness.config),
+        "data": data,
+        "specialist": harness.specialist.name,
+        "specialist_sha256": harness.specialist.sha256,
+        "generalist": harness.generalist.name,
+        "generalist_sha256": harness.generalist.sha256,
+    }
+
+
+ProgressFn = Callable[[Example, MethodSpec, "dict[str, Any] | None"], None]
+
+
+def run_eval(harness: Harness, examples: Sequence[Example], methods: Sequence[MethodSpec],
+             results: str | os.PathLike[str], progress: ProgressFn | None = None,
+             ) -> Iterator[dict[str, Any]]:
+    """Run every (example x method) not yet in `results`, appending each row as it finishes.
+
+    Yields the new rows; `progress(example, method, row)` is called after each generation
+    (row None when it was already there). Duplicate user names are a data error: the resume
+    key is (user, method).
+    """
+    users = [example.user for example in examples]
+    if len(set(users)) != len(users):
+        raise EvalError("two examples share a user name; resume needs unique users")
+    path = Path(results)
+    _drop_partial_line(path)
+    done = {row_key(row) for row in read_results(path)}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a", encoding="utf-8") as sink:
+        for example in examples:
+            todo = [spec for spec in methods if (example.user, spec.label) not in done]
+            prepared = harness.prepare(example) if todo else None
+            for spec in methods:
+                if prepared is None or spec not in todo:
+                    if progress is not None:
+                        progress(example, spec, None)
+                    continue
+                row = harness.run(example, prepared, spec)
+                sink.write(json.dumps(row, ensure_ascii=False) + "\n")
+                sink.flush()
+                done.add(row_key(row))
+                if progress is not None:
+                    progress(example, spec, row)
+                yield row
