@@ -388,3 +388,29 @@ def test_light_costeer_beta_zero_is_generalist(rows: tuple) -> None:
     g, sc, s0 = rows
     np.testing.assert_array_equal(light_costeer(g, sc, s0, beta=0.0), g.astype(np.float32))
     np.testing.assert_allclose(light_costeer(g, sc, s0), g + sc - s0, atol=1e-5)
+
+
+def test_nucleus_keeps_the_shortest_prefix_reaching_top_p() -> None:
+    from specsteer.steer import nucleus
+
+    logp = np.log(np.array([0.05, 0.6, 0.3, 0.05], dtype=np.float64))
+    best_first = np.array([1, 2, 0, 3], dtype=np.int32)
+    assert nucleus(logp, best_first, 0.5).tolist() == [1]
+    assert nucleus(logp, best_first, 0.6).tolist() == [1]
+    assert nucleus(logp, best_first, 0.61).tolist() == [1, 2]
+    assert nucleus(logp, best_first, 0.92).tolist() == [1, 2, 0]
+    assert nucleus(logp, best_first, 0.99).tolist() == [1, 2, 0, 3]
+    assert nucleus(logp, best_first, 1.0).tolist() == [1, 2, 0, 3]
+    assert nucleus(logp, best_first[:1], 0.1).tolist() == [1]
+
+
+def test_sparse_steer_top_p_is_a_prefix_of_top_k() -> None:
+    rng = np.random.default_rng(5)
+    g = log_softmax(rng.normal(size=500) * 3)
+    s0 = log_softmax(rng.normal(size=500))
+    full = sparse_steer(g, s0, 1.0, 64)
+    cut = sparse_steer(g, s0, 1.0, 64, top_p=0.9)
+    n = len(cut.ids)
+    assert 1 <= n < 64
+    assert cut.ids.tolist() == full.ids.tolist()[:n]
+    assert np.exp(g[cut.ids]).sum() >= 0.9 > np.exp(g[cut.ids[:-1]]).sum()

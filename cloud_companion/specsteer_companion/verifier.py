@@ -112,12 +112,13 @@ class VerifierSession:
         accepted = steer.ratio_accept_count(lg_draft, ls0_draft, self.request.gamma, self.rng)
         at = offset + accepted
         if logp_s0 is None:  # P_S0 lives on the device: send top-k of logp_G, the device fuses
-            top = steer.top_k_ids(logp_g[at], self.request.top_k)
+            top = steer.nucleus(logp_g[at], steer.top_k_ids(logp_g[at], self.request.top_k),
+                                self.request.top_p)
             result = RoundResult(accepted, top.astype(np.int32), logp_g[at, top].astype(np.float16))
         else:
             select = "difference" if self.request.select == Select.TOP_DIFFERENCE else "generalist"
             sparse = steer.sparse_steer(logp_g[at], logp_s0[at], self.request.alpha,
-                                        self.request.top_k, select)
+                                        self.request.top_k, select, self.request.top_p)
             result = RoundResult(accepted, sparse.ids, sparse.values)
         self._keep(offset, accepted, g_rows, s0_rows)
         return result
@@ -126,7 +127,7 @@ class VerifierSession:
         """ROWS mode: top-k of logp_G for the next position, with logp_S0 at the same ids."""
         g_rows = self.g.extend(committed)
         logp_g = self._logp(g_rows[-1])
-        top = steer.top_k_ids(logp_g, self.request.top_k)
+        top = steer.nucleus(logp_g, steer.top_k_ids(logp_g, self.request.top_k), self.request.top_p)
         if self.s0 is not None:
             s0_rows = self.s0.extend(committed)
             s0_values = self._logp(s0_rows[-1])[top].astype(np.float16)

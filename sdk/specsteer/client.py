@@ -56,6 +56,7 @@ class GenerationStats:
     bytes_down: int
     degraded: bool
     offline_reason: str | None = None  # why generation went local, when it did
+    pipelined: int = 0  # rounds drafted while the previous round was being verified
     records: tuple[str, ...] = ()
     truncated: tuple[str, ...] = ()
 
@@ -213,6 +214,7 @@ class Client:
                     bytes_down=link.stats.bytes_down if link else 0,
                     degraded=offline_reason is not None or stats.degraded,
                     offline_reason=offline_reason or stats.offline_reason,
+                    pipelined=stats.pipelined,
                     records=prompt.records, truncated=prompt.truncated,
                 ),
             ))

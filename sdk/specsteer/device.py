@@ -36,6 +36,7 @@ class Params:
     alpha: float = 1.0
     k: int = 4
     top_k: int = 64
+    top_p: float = 1.0  # < 1: nucleus cut of the candidates (fewer bytes down; 1 = paper's top-k)
     temperature: float = 0.0
     max_new_tokens: int = 256
     seed: int = 0
@@ -48,6 +49,8 @@ class Params:
     def __post_init__(self) -> None:
         if self.method not in METHODS:
             raise ValueError(f"method must be one of {', '.join(METHODS)}, not {self.method!r}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError("top_p must be in (0, 1]")
         if self.k < 0 or self.top_k < 1 or self.max_new_tokens < 0 or self.gamma < 0:
             raise ValueError("k >= 0, top_k >= 1, max_new_tokens >= 0 and gamma >= 0 are required")
         if self.select not in ("generalist", "difference"):
@@ -199,7 +202,7 @@ def _remote_tokens(specialist: LanguageModel, local: _Local, prompt: DevicePromp
     link.open(prompt.public_ids, mode=mode, gamma=params.gamma, alpha=alpha, top_k=params.top_k,
               temperature=params.temperature, seed=params.seed,
               select=Select.TOP_DIFFERENCE if params.select == "difference" else Select.TOP_LOGP_G,
-              s0_on_device=params.s0_on_device and mode is Mode.SPECSTEER)
+              s0_on_device=params.s0_on_device and mode is Mode.SPECSTEER, top_p=params.top_p)
     eos = specialist.tokenizer.eos_ids
     if mode is Mode.ROWS:
         yield from _row_tokens(local, params, link, stats, rng, eos)

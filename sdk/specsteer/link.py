@@ -120,10 +120,10 @@ class CompanionLink:
 
     def open(self, prompt_ids: Sequence[int], *, mode: Mode, gamma: float, alpha: float,
              top_k: int, temperature: float, seed: int, select: Select,
-             s0_on_device: bool) -> int:
+             s0_on_device: bool, top_p: float = 1.0) -> int:
         self.conn.open_session(list(prompt_ids), mode=mode, gamma=gamma, alpha=alpha, top_k=top_k,
                                temperature=temperature, seed=seed, select=select,
-                               s0_on_device=s0_on_device)
+                               s0_on_device=s0_on_device, top_p=top_p)
         event = self._await(SessionReady)
         assert isinstance(event, SessionReady)
         return event.prompt_length

@@ -322,10 +322,15 @@ class OpenSession:
     seed: int = 0
     select: Select = Select.TOP_LOGP_G  # measured better than top-k of the difference
     s0_on_device: bool = False  # the paper's placement: the companion hosts P_S0
+    # nucleus cut inside the top-k: fewer candidates where P_G is confident (1.0 = exact top-k)
+    top_p: float = 1.0
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
         set_(self, "prompt_ids", _ids("prompt_ids", self.prompt_ids))
+        set_(self, "top_p", _f32("top_p", self.top_p, minimum=0.0))
+        if not 0.0 < self.top_p <= 1.0:
+            raise ProtocolError(ErrorCode.BAD_VALUE, f"top_p must be in (0, 1], got {self.top_p}")
         try:
             set_(self, "mode", Mode(self.mode))
             set_(self, "select", Select(self.select))
@@ -525,7 +530,7 @@ def _encode_hello_ok(out: bytearray, m: HelloOk) -> None:
 
 def _encode_open_session(out: bytearray, m: OpenSession) -> None:
     out += struct.pack(
-        "<BBBfffHQ",
+        "<BBBfffHQf",
         m.mode,
         m.select,
         m.s0_on_device,
@@ -534,6 +539,7 @@ def _encode_open_session(out: bytearray, m: OpenSession) -> None:
         m.temperature,
         m.top_k,
         m.seed,
+        m.top_p,
     )
     _put_ids(out, m.prompt_ids)
 
@@ -723,13 +729,15 @@ def _decode_hello_ok(r: _Reader) -> HelloOk:
 def _decode_open_session(r: _Reader) -> OpenSession:
     mode, select = r.fixed("<BB", "mode")
     s0_on_device = r.flag("s0_on_device")
-    gamma, alpha, temperature, top_k, seed = r.fixed("<fffHQ", "settings")
+    gamma, alpha, temperature, top_k, seed, top_p = r.fixed("<fffHQf", "settings")
     if top_k > r._limits.max_top_k:
         raise ProtocolError(
             ErrorCode.LIMIT_EXCEEDED, f"top_k={top_k} exceeds the limit of {r._limits.max_top_k}"
         )
     prompt = r.ids(r.count("prompt ids", r._limits.max_prompt_tokens), "prompt ids")
-    return OpenSession(prompt, mode, gamma, alpha, top_k, temperature, seed, select, s0_on_device)
+    return OpenSession(
+        prompt, mode, gamma, alpha, top_k, temperature, seed, select, s0_on_device, top_p
+    )
 
 
 def _decode_session_opened(r: _Reader) -> SessionOpened:
@@ -1075,12 +1083,13 @@ class DeviceConnection(_Connection):
         seed: int = 0,
         select: Select = Select.TOP_LOGP_G,
         s0_on_device: bool = False,
+        top_p: float = 1.0,
     ) -> OpenSession:
         """Queue an OpenSession; an open session (with nothing outstanding) is replaced."""
         self._require(State.READY, State.SESSION, action="open a session")
         prompt = self._check_ids("prompt ids", prompt_ids, self.peer_limits.max_prompt_tokens)
         request = OpenSession(
-            prompt, mode, gamma, alpha, top_k, temperature, seed, select, s0_on_device
+            prompt, mode, gamma, alpha, top_k, temperature, seed, select, s0_on_device, top_p
         )
         if request.top_k > self.peer_limits.max_top_k:
             raise ProtocolError(

@@ -216,8 +216,12 @@ def sparse_steer(
     alpha: float,
     top_k: int,
     select: str = "generalist",
+    top_p: float = 1.0,
 ) -> SparseSteer:
     """Build the sparse vector the companion sends down for the recovery / bonus position.
+
+    top_p < 1 keeps, of the top-k of logp_G, only the smallest prefix holding top_p of P_G's mass
+    (fewer bytes where the Generalist is confident; see `nucleus`).
 
     select="generalist" (default) takes the top-k of logp_G: METHOD.md measured that the top-k
     of the difference favours tokens the Specialist merely finds unlikely (often end-of-text).
@@ -231,7 +235,7 @@ def sparse_steer(
     if top_k < 1:
         raise ValueError(f"top_k must be >= 1, got {top_k}")
     if select == "generalist":
-        ids = top_k_ids(g, top_k)  # values only at the k winners: O(V) stays one partition
+        ids = nucleus(g, top_k_ids(g, top_k), top_p)  # values only at the winners: O(V) once
         values = _steer_values(g[ids], s0[ids], alpha)
     elif select == "difference":
         diff = _steer_values(g, s0, alpha)
@@ -240,6 +244,18 @@ def sparse_steer(
     else:
         raise ValueError(f"select must be 'generalist' or 'difference', got {select!r}")
     return SparseSteer(ids=ids, values=values.astype(np.float16))
+
+
+def nucleus(logp_row: np.ndarray, ids_best_first: np.ndarray, top_p: float) -> np.ndarray:
+    """The shortest prefix of `ids_best_first` whose probability under `logp_row` reaches top_p.
+
+    At least one id is kept; top_p >= 1 keeps them all (the exact top-k of the method).
+    """
+    if top_p >= 1.0 or ids_best_first.shape[0] <= 1:
+        return ids_best_first
+    mass = np.cumsum(np.exp(np.asarray(logp_row, dtype=np.float64)[ids_best_first]))
+    keep = int(np.searchsorted(mass, top_p, side="left")) + 1
+    return ids_best_first[: max(1, min(keep, ids_best_first.shape[0]))]
 
 
 def fuse(steer: SparseSteer, logp_sc_row: np.ndarray, alpha: float) -> np.ndarray:

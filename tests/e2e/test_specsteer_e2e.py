@@ -104,6 +104,8 @@ def test_identical_models_without_context_accept_every_draft(tiny_model):
     assert result.stats.drafted > 0
     assert result.stats.accepted == result.stats.drafted
     assert "recovered" not in result.provenance
+    # every bet of the pipeline (all accepted, bonus = own argmax) is won but the last round's
+    assert result.stats.pipelined >= result.stats.rounds - 2 > 0
 
 
 def test_alpha_zero_specsteer_with_gamma_zero_keeps_every_draft(tiny_model, verifier, store):

@@ -33,9 +33,11 @@ from specsteer.errors import (
 )
 from specsteer.history.query import (
     DEFAULT_MAX_CANDIDATES,
+    SCORING_POSTINGS_FACTOR,
     match_expression,
     phrase,
-    select_terms,
+    scoring_terms,
+    seed_terms,
     words,
 )
 from specsteer.history.records import (
@@ -488,9 +490,10 @@ class HistoryStore:
         """The top-k records by FTS5 BM25 for the words of `query` (any text is safe).
 
         `kinds` keeps only those record kinds; `before` keeps records created strictly earlier
-        (the temporal split: nothing from the query's own time or later). Stop words and very
-        common words are left out to bound latency (see `history.query`); `max_candidates=None`
-        ranks by every word that some record contains.
+        (the temporal split: nothing from the query's own time or later). Ranks by the query's
+        content words; candidates are the records sharing its rarest words, up to
+        `max_candidates` postings (see `history.query`); `max_candidates=None` scores every
+        record that shares any scoring word.
         """
         terms = words(query)
         if not terms or k <= 0:
@@ -499,10 +502,29 @@ class HistoryStore:
 
         def op() -> list[Any]:
             self._refresh_freqs()
-            chosen = select_terms(terms, self._doc_freq, self._total_docs, max_candidates)
-            if not chosen:
+            cap = None if max_candidates is None else max_candidates * SCORING_POSTINGS_FACTOR
+            scoring = scoring_terms(terms, self._doc_freq, self._total_docs, cap)
+            if not scoring:
                 return []
-            match = match_expression(chosen)
+            seeds = seed_terms(scoring, max_candidates)
+            match = match_expression([term for _, term in scoring])
+            if len(seeds) < len(scoring):
+                candidates = [
+                    row[0]
+                    for row in self.db.execute(
+                        f"SELECT f.rowid FROM {FTS_TABLE} f JOIN {TABLE} r ON r.rowid = f.rowid "
+                        f"WHERE {FTS_TABLE} MATCH ? AND {where}",
+                        [match_expression(seeds), *params],
+                    )
+                ]
+                if len(candidates) >= k:  # else too few: score everything below
+                    # `+` keeps FTS5 from re-running the query once per candidate rowid.
+                    sql = (
+                        f"SELECT {_COLUMNS}, bm25({FTS_TABLE}) AS score FROM {FTS_TABLE} f "
+                        f"JOIN {TABLE} r ON r.rowid = f.rowid WHERE {FTS_TABLE} MATCH ? "
+                        "AND +f.rowid IN (SELECT value FROM json_each(?)) ORDER BY score LIMIT ?"
+                    )
+                    return self.db.execute(sql, [match, json.dumps(candidates), k]).fetchall()
             if where == "1":  # FTS5 stops after k rows only when nothing filters the join
                 sql = (
                     f"SELECT {_COLUMNS}, m.rank FROM (SELECT rowid, rank FROM {FTS_TABLE} "

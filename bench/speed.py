@@ -1,0 +1,230 @@
+"""Speed benchmark of collaborative decoding on real models, device and companion on one core each.
+
+In one run, on the same newsgroups prompts (the sender's history as private context):
+  * the Generalist alone (plain ORT greedy decoding of the public prompt, one core);
+  * standard speculative decoding (Specialist + context drafting, Generalist verifying);
+  * SpecSteer at gamma 1.0 / 0.5 / 0.1, and at 0.1: without pipelining, with P_S0 on the
+    device, and with other draft lengths K.
+Reported per configuration: decode tokens/s (first to last token: prefill excluded, reported
+separately as time to first token), speed-up over the Generalist alone measured in this run,
+acceptance, bytes per generated token on the wire, and the share of pipelined rounds.
+The analytical ceiling comes from per-step costs measured here on the device's core:
+  round = K*t_draft + t_score_G(K+1) + t_score_S0(K+1), tokens/round = mean accepted + 1;
+  pipelined: a won bet (measured rate) hides the draft behind the verification.
+
+    python bench/speed.py --users 2 --max-new-tokens 64 --json bench-speed.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+from rich.console import Console
+from rich.table import Table
+
+from specsteer.client import Client
+from specsteer.history import HistoryStore, load_shared_user
+from specsteer.runtime import load_model
+
+DATA = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "newsgroups_top100_senders.json"
+DEVICE_CORE, COMPANION_CORE = 0, 1
+
+
+@dataclass
+class Row:
+    config: str
+    decode_tok_s: float
+    speedup: float
+    acceptance: float
+    bytes_per_token: float
+    ttft_s: float
+    tokens: int
+    pipelined_share: float
+    ceiling_speedup: float | None = None
+    of_ceiling: float | None = None
+
+
+def _pin(core: int) -> None:
+    if hasattr(os, "sched_setaffinity") and os.cpu_count() and os.cpu_count() > core:
+        os.sched_setaffinity(0, {core})
+
+
+def start_companion(generalist: str, specialist: str, precision: str) -> tuple[subprocess.Popen, str]:
+    cmd = [sys.executable, "-m", "specsteer_companion.cli", "serve", "--generalist", generalist,
+           "--specialist", specialist, "--precision", precision, "--port", "0", "--open",
+           "--threads", "1", "--workers", "1"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            preexec_fn=lambda: _pin(COMPANION_CORE))
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        if line.startswith("companion ready:"):
+            return proc, line.split()[2]
+    raise RuntimeError("companion did not start")
+
+
+def timed_stream(client: Client, query: dict, task: str, **params) -> tuple[list[float], object]:
+    """Token arrival times (seconds from the call) and the Result."""
+    out: list = []
+    stamps: list[float] = []
+    started = time.perf_counter()
+    for _ in client.stream(query, task=task, result=out, **params):
+        stamps.append(time.perf_counter() - started)
+    return stamps, out[0]
+
+
+def decode_rate(stamps: list[float]) -> float:
+    return (len(stamps) - 1) / (stamps[-1] - stamps[0]) if len(stamps) > 1 else 0.0
+
+
+def generalist_alone(model, prompt_ids: list[int], max_new: int) -> tuple[float, float]:
+    """Plain greedy ORT decoding: (decode tok/s, time to first token)."""
+    session = model.new_session(max_length=len(prompt_ids) + max_new + 8)
+    started = time.perf_counter()
+    row = session.append(prompt_ids)[-1]
+    stamps = []
+    for _ in range(max_new):
+        token = int(np.argmax(row))
+        stamps.append(time.perf_counter() - started)
+        if token in model.tokenizer.eos_ids:
+            break
+        row = session.append([token])[-1]
+    session.close()
+    return decode_rate(stamps), stamps[0]
+
+
+def step_costs(specialist, generalist, context: list[int], k: int, repeats: int = 5) -> dict:
+    """Median seconds of one decode step and of scoring k+1 tokens, per model, on this core."""
+    costs = {}
+    for name, model in (("S", specialist), ("G", generalist)):
+        session = model.new_session(max_length=len(context) + 64)
+        session.append(context)
+        step, score = [], []
+        for i in range(repeats):
+            t = time.perf_counter()
+            session.append([context[i]])
+            step.append(time.perf_counter() - t)
+            base = session.length
+            t = time.perf_counter()
+            session.append(context[: k + 1])
+            score.append(time.perf_counter() - t)
+            session.rewind(base)
+        costs[f"step_{name}"] = statistics.median(step)
+        costs[f"score_{name}"] = statistics.median(score)
+        session.close()
+    return costs
+
+
+def ceiling(costs: dict, k: int, accepted_per_round: float, bet_won: float, s0: bool) -> float:
+    """Analytical tokens/s of SpecSteer from measured per-step costs (no overheads)."""
+    draft = k * costs["step_S"]
+    verify = costs["score_G"] + costs["score_S"]  # P_S0 is the Specialist's pass, either side
+    serial = draft + verify
+    overlapped = max(draft + (costs["score_S"] if s0 else 0.0),
+                     costs["score_G"] + (0.0 if s0 else costs["score_S"]))
+    per_round = bet_won * overlapped + (1 - bet_won) * serial
+    return (accepted_per_round + 1) / per_round
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--specialist", default="qwen2.5-0.5b")
+    ap.add_argument("--generalist", default="qwen2.5-1.5b")
+    ap.add_argument("--precision", default="int8")
+    ap.add_argument("--users", type=int, default=2)
+    ap.add_argument("--max-new-tokens", type=int, default=64)
+    ap.add_argument("--max-prompt-tokens", type=int, default=640)
+    ap.add_argument("--data", type=Path, default=DATA)
+    ap.add_argument("--json", type=Path)
+    args = ap.parse_args()
+    console = Console()
+    _pin(DEVICE_CORE)
+    specialist = load_model(args.specialist, precision=args.precision)
+    generalist = load_model(args.generalist, precision=args.precision)
+    configs: dict[str, dict] = {
+        "speculative": dict(method="speculative"),
+        "specsteer g=1.0": dict(gamma=1.0),
+        "specsteer g=0.5": dict(gamma=0.5),
+        "specsteer g=0.1": dict(gamma=0.1),
+        "specsteer g=0.1 no pipeline": dict(gamma=0.1, pipeline=False),
+        "specsteer g=0.1 P_S0 on device": dict(gamma=0.1, s0_on_device=True),
+        "specsteer g=0.1 K=2": dict(gamma=0.1, k=2),
+        "specsteer g=0.1 K=6": dict(gamma=0.1, k=6),
+    }
+    proc, url = start_companion(args.generalist, args.specialist, args.precision)
+    results: dict[str, list] = {name: [] for name in ["generalist alone", *configs]}
+    try:
+        for user in range(args.users):
+            shared = load_shared_user(args.data, user)
+            store = HistoryStore(memory=True)
+            store.add_many(shared.records)
+            client = Client(specialist, history=store, companion=url,
+                            max_prompt_tokens=args.max_prompt_tokens)
+            _, device_prompt = client.prepare(shared.query, task=shared.task)
+            rate, ttft = generalist_alone(generalist, list(device_prompt.public_ids), args.max_new_tokens)
+            results["generalist alone"].append(dict(rate=rate, ttft=ttft, tokens=args.max_new_tokens,
+                                                    acc=0.0, bpt=0.0, piped=0.0, apr=0.0, k=0))
+            console.print(f"user {user}: generalist alone {rate:.2f} tok/s "
+                          f"(private prompt {len(device_prompt.private_ids)} tokens)")
+            for name, params in configs.items():
+                stamps, result = timed_stream(client, shared.query, shared.task,
+                                              max_new_tokens=args.max_new_tokens, **params)
+                st = result.stats
+                rounds = max(st.rounds, 1)
+                results[name].append(dict(
+                    rate=decode_rate(stamps), ttft=stamps[0] if stamps else 0.0, tokens=st.tokens,
+                    acc=st.acceptance_rate, bpt=st.bytes_per_token, piped=st.pipelined / rounds,
+                    apr=st.accepted / rounds, k=params.get("k", 4), s0=params.get("s0_on_device", False),
+                ))
+                console.print(f"  {name}: {decode_rate(stamps):.2f} tok/s, acceptance "
+                              f"{st.acceptance_rate:.0%}, {st.bytes_per_token:.1f} B/token")
+        context = list(device_prompt.private_ids)[:300]
+        costs = step_costs(specialist, generalist, context, 4)
+        costs_by_k = {k: step_costs(specialist, generalist, context, k) for k in (2, 6)}
+    finally:
+        proc.terminate()
+        proc.wait(10)
+    base = statistics.mean(r["rate"] for r in results["generalist alone"])
+    rows = []
+    for name, runs in results.items():
+        rate = statistics.mean(r["rate"] for r in runs)
+        row = Row(name, rate, rate / base, statistics.mean(r["acc"] for r in runs),
+                  statistics.mean(r["bpt"] for r in runs), statistics.mean(r["ttft"] for r in runs),
+                  sum(r["tokens"] for r in runs), statistics.mean(r["piped"] for r in runs))
+        if name.startswith("specsteer"):
+            k = runs[0]["k"]
+            c = costs if k == 4 else costs_by_k[k]
+            apr = statistics.mean(r["apr"] for r in runs)
+            piped = row.pipelined_share
+            row.ceiling_speedup = ceiling(c, k, apr, piped, runs[0].get("s0", False)) * costs["step_G"]
+            row.of_ceiling = row.speedup / row.ceiling_speedup
+        rows.append(row)
+    table = Table(title=f"{args.specialist} -> {args.generalist} ({args.precision}), "
+                        f"{args.users} users x {args.max_new_tokens} tokens, 1 core each")
+    for col in ["config", "decode tok/s", "speed-up", "acceptance", "B/token", "TTFT s",
+                "pipelined", "ceiling", "of ceiling"]:
+        table.add_column(col)
+    for r in rows:
+        table.add_row(r.config, f"{r.decode_tok_s:.2f}", f"{r.speedup:.2f}x", f"{r.acceptance:.0%}",
+                      f"{r.bytes_per_token:.1f}", f"{r.ttft_s:.1f}", f"{r.pipelined_share:.0%}",
+                      f"{r.ceiling_speedup:.2f}x" if r.ceiling_speedup else "-",
+                      f"{r.of_ceiling:.0%}" if r.of_ceiling else "-")
+    console.print(table)
+    console.print({k: f"{v * 1e3:.1f} ms" for k, v in costs.items()})
+    if args.json:
+        args.json.write_text(json.dumps({
+            "machine": platform.platform(), "args": {k: str(v) for k, v in vars(args).items()},
+            "costs_s": costs, "rows": [asdict(r) for r in rows]}, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,101 @@
+"""`specsteer eval` end to end on tiny models: files written, resume, errors as one red line."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from specsteer.cli.eval import register
+from specsteer.models.tiny import tiny_model_dir
+
+DATA = Path(__file__).parent / "data"
+
+
+@pytest.fixture(scope="module")
+def app() -> typer.Typer:
+    app = typer.Typer()
+
+    @app.callback()
+    def main() -> None:
+        """A group, so `eval` is a subcommand as in the real CLI."""
+
+    register(app)
+    return app
+
+
+def _args(out: Path, *methods: str) -> list[str]:
+    return ["eval", "--task", "review", "--data", str(DATA / "lamp_reviews.jsonl"),
+            "--users", "2", "--methods", *methods,
+            "--specialist", str(tiny_model_dir("llama", seed=0)),
+            "--generalist", str(tiny_model_dir("llama", seed=1)),
+            "--max-new-tokens", "5", "--retrieve-k", "2", "--out", str(out)]
+
+
+def test_eval_writes_results_report_and_plot_then_resumes(app, tmp_path):
+    runner = CliRunner()
+    out = tmp_path / "run"
+    result = runner.invoke(app, _args(out, "slm", "llm", "specsteer@0.5"))
+    assert result.exit_code == 0, result.output
+    rows = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    assert sorted((r["user"], r["method"]) for r in rows) == sorted(
+        (user, method) for user in ("A2KETTLE", "B7BOOKS")
+        for method in ("slm", "llm", "specsteer@0.5"))
+    report = (out / "report.md").read_text()
+    assert "| SpecSteer (γ=0.5) | 2 |" in report and "| LLM | 2 |" in report
+    assert "quality_vs_speed.png" in report
+    assert (out / "quality_vs_speed.png").read_bytes()[:4] == b"\x89PNG"
+    assert json.loads((out / "run.json").read_text())["max_new_tokens"] == 5
+    assert "| SLM | 2 |" in result.stdout
+
+    again = runner.invoke(app, _args(out, "slm", "llm", "specsteer@0.5", "costeer"))
+    assert again.exit_code == 0, again.output
+    rows = (out / "results.jsonl").read_text().splitlines()
+    assert len(rows) == 8  # only the two costeer rows were added
+    assert "| CoSteer | 2 |" in (out / "report.md").read_text()
+
+
+def test_eval_refuses_to_mix_setups_in_one_folder(app, tmp_path):
+    runner = CliRunner()
+    out = tmp_path / "run"
+    assert runner.invoke(app, _args(out, "slm")).exit_code == 0
+    changed = _args(out, "slm")
+    changed[changed.index("--max-new-tokens") + 1] = "7"
+    result = runner.invoke(app, changed)
+    assert result.exit_code == 1
+    assert "max_new_tokens" in result.output and "another --out" in result.output
+
+
+@pytest.mark.parametrize(("methods", "message"), [
+    (["gpt4"], "unknown method"),
+    (["costeer@0.5"], "only specsteer takes a gamma"),
+])
+def test_bad_methods_are_one_line_errors(app, tmp_path, methods, message):
+    result = CliRunner().invoke(app, _args(tmp_path / "out", *methods))
+    assert result.exit_code == 1
+    assert message in result.output
+    assert "Traceback" not in result.output
+
+
+def test_bad_task_and_missing_data_are_errors(app, tmp_path):
+    args = _args(tmp_path / "out", "slm")
+    args[args.index("--task") + 1] = "poetry"
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 1 and "poetry" in result.output
+    args = _args(tmp_path / "out", "slm")
+    args[args.index("--data") + 1] = str(tmp_path / "missing.jsonl")
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 1 and "does not exist" in result.output
+
+
+def test_main_cli_has_the_eval_command():
+    from specsteer.cli import app as main_app
+
+    result = CliRunner().invoke(main_app, ["eval", "--help"])
+    assert result.exit_code == 0
+    for option in ("--task", "--data", "--users", "--methods", "--specialist", "--generalist",
+                   "--precision", "--max-new-tokens", "--retrieve-k", "--rtt-ms", "--out"):
+        assert option in result.output

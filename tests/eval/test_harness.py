@@ -1,0 +1,249 @@
+"""The evaluation harness on tiny models: data loading, every method, wire accounting, resume,
+emulated RTT and the report."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from specsteer.eval import data as data_lib
+from specsteer.eval.data import EvalError, load_examples, load_lamp
+from specsteer.eval.harness import (
+    DEFAULT_METHODS,
+    EvalConfig,
+    Harness,
+    parse_method,
+    parse_methods,
+    read_results,
+    run_eval,
+)
+from specsteer.eval.metrics import rouge
+from specsteer.eval.report import plot_quality_vs_speed, render_report, summarize
+
+DATA = Path(__file__).parent / "data"
+REVIEWS = DATA / "lamp_reviews.jsonl"
+NEWSGROUPS = DATA / "newsgroups_slice.json"
+
+
+@pytest.fixture(scope="module")
+def reviews() -> list[data_lib.Example]:
+    return load_lamp(REVIEWS, "review")
+
+
+@pytest.fixture(scope="module")
+def harness(tiny_model, tiny_generalist) -> Harness:
+    return Harness(tiny_model, tiny_generalist, EvalConfig(task="review", max_new_tokens=6,
+                                                           retrieve_k=2))
+
+
+# ------------------------------------------------------------------------------------ data
+
+def test_lamp_jsonl_loader_maps_input_and_profile(reviews):
+    first = reviews[0]
+    assert [e.user for e in reviews] == ["A2KETTLE", "B7BOOKS"]
+    assert first.task == "review"
+    assert first.query == {
+        "description": "Stainless steel electric kettle, 1.7 litre, auto shut-off",
+        "rating": "5.0",
+        "summary": "Boils water fast and quietly",
+    }
+    assert first.gold.startswith("This kettle boils a full litre")
+    # the empty profile item is skipped; the others are reviews with product and rating kept
+    assert len(first.records) == 3
+    kettle = next(r for r in first.records if r.id == "review:A2KETTLE:p3")
+    assert kettle.kind == "review"
+    assert kettle.title == "Electric kettle, plastic body, 1 litre"
+    assert kettle.body.startswith("The kettle smells of plastic")
+    assert kettle.meta == {"overall": "2.0", "summary": "Smells of plastic"}
+    assert all(first.gold not in r.body for r in first.records)
+
+
+def test_lamp_loader_limits_users_and_rejects_unknown_task(tmp_path):
+    assert len(load_lamp(REVIEWS, "review", users=1)) == 1
+    with pytest.raises(EvalError, match="not supported"):
+        load_lamp(REVIEWS, "poetry")
+    broken = tmp_path / "broken.jsonl"
+    broken.write_text('{"id": "1", "input": "x"}\n')
+    with pytest.raises(EvalError, match="lacks"):
+        load_lamp(broken, "tweet")
+
+
+@pytest.mark.parametrize(("task", "item_input", "profile", "query", "record"), [
+    ("tweet", "Paraphrase the following tweet without any explanation before or after it: "
+              "so tired of mondays", [{"id": "1", "text": "coffee first"}],
+     {"tweet": "Paraphrase the following tweet without any explanation before or after it: "
+               "so tired of mondays"}, ("tweet", "", "coffee first")),
+    ("title", "Generate a title for the following abstract of a paper: We study retrieval.",
+     [{"id": "7", "title": "Old paper", "abstract": "Old abstract."}],
+     {"abstract": "We study retrieval."}, ("paper", "Old paper", "Old abstract.")),
+    ("abstract", 'Generate an abstract for the title "Steering small models" using the '
+                 "following items: 1. decoding 2. privacy",
+     [{"id": "8", "title": "Earlier", "abstract": "An abstract."}],
+     {"title": "Steering small models"}, ("paper", "Earlier", "An abstract.")),
+    ("topic", 'Generate the content for a reddit post "My first marathon"',
+     [{"id": "9", "summary": "Training log", "content": "Ran 20 km today."}],
+     {"summary": "My first marathon"}, ("post", "Training log", "Ran 20 km today.")),
+])
+def test_lamp_inputs_per_task(tmp_path, task, item_input, profile, query, record):
+    path = tmp_path / "items.json"
+    path.write_text(json.dumps([{"id": "u1", "input": item_input, "output": "gold",
+                                 "profile": profile}]))
+    (example,) = load_lamp(path, task)
+    assert example.query == query
+    assert (example.records[0].kind, example.records[0].title, example.records[0].body) == record
+
+
+def test_shared_format_file_goes_through_the_shared_loader():
+    examples = load_examples("email", NEWSGROUPS)
+    assert [e.user for e in examples] == ["ada@example.org (Ada Lane)",
+                                          "bob@example.net (Bob Reyes)"]
+    assert examples[0].query == {"subject": "Re: Launch window for the Mars probe",
+                                 "newsgroup": "sci.space"}
+    assert examples[0].gold.startswith("The launch window opens")
+    assert len(examples[0].records) == 3
+    with pytest.raises(EvalError, match="newsgroups data set"):
+        load_examples("abstract", NEWSGROUPS)
+
+
+def test_shared_data_sets_by_task(monkeypatch, tmp_path):
+    monkeypatch.setenv("SPECSTEER_DATA_DIR", str(tmp_path))
+    (tmp_path / data_lib.SHARED_FILES["email"]).write_text(NEWSGROUPS.read_text())
+    assert len(load_examples("email", users=1)) == 1
+    with pytest.raises(EvalError, match="no shared data set"):
+        load_examples("review")
+
+
+# --------------------------------------------------------------------------------- methods
+
+def test_method_names():
+    assert parse_method("specsteer@0.1").gamma == pytest.approx(0.1)
+    assert parse_method("specsteer").label == "specsteer@0.5"
+    assert parse_method("specsteer@1").label == "specsteer@1.0"
+    assert parse_method("costeer").method == "costeer"
+    assert [s.label for s in parse_methods(["slm,llm", "slm", "specsteer@0.50"])] == [
+        "slm", "llm", "specsteer@0.5"]
+    for bad in ("gpt", "costeer@0.5", "specsteer@x"):
+        with pytest.raises(EvalError):
+            parse_method(bad)
+
+
+def test_public_prompt_never_holds_the_context(harness, reviews):
+    prepared = harness.prepare(reviews[0])
+    tokenizer = harness.specialist.tokenizer
+    private = tokenizer.decode(prepared.device.private_ids, skip_special=False)
+    public = tokenizer.decode(prepared.device.public_ids, skip_special=False)
+    assert prepared.records  # BM25 found the kettle reviews
+    assert "smells of plastic" in private
+    assert "smells of plastic" not in public
+    assert "Stainless steel electric kettle" in public
+    assert len(prepared.records) <= harness.config.retrieve_k
+
+
+def test_every_method_runs_and_counts_the_wire(harness, reviews, tmp_path):
+    specs = parse_methods(DEFAULT_METHODS)
+    rows = {row["method"]: row for row in
+            run_eval(harness, reviews[:1], specs, tmp_path / "results.jsonl")}
+    assert list(rows) == [s.label for s in specs]
+    for label, row in rows.items():
+        assert 1 <= row["tokens"] <= 6, label
+        assert row["tokens_per_s"] > 0
+        scores = rouge(row["text"], row["gold"])
+        assert (row["rouge1"], row["rougeL"]) == (scores.rouge1, scores.rougeL)
+        if row["base_method"] in ("slm", "slm_rag"):
+            assert row["bytes_up"] == row["bytes_down"] == row["round_trips"] == 0, label
+            assert row["acceptance"] is None
+        else:
+            assert row["bytes_up"] > 0 and row["bytes_down"] > 0, label
+            # one session open plus at least one request per round
+            assert row["round_trips"] >= row["rounds"] + 1 >= 2, label
+            assert row["bytes_up_per_token"] == pytest.approx(row["bytes_up"] / row["tokens"])
+    for label in ("speculative", "specsteer@1.0", "specsteer@0.5", "specsteer@0.1"):
+        assert rows[label]["drafted"] > 0 and 0 <= rows[label]["acceptance"] <= 1
+    for label in ("llm", "light_costeer", "costeer"):  # one companion row per token
+        assert rows[label]["round_trips"] == rows[label]["tokens"] + 1
+        assert rows[label]["acceptance"] is None
+    assert rows["specsteer@0.5"]["gamma"] == 0.5 and rows["llm"]["gamma"] is None
+
+
+def test_same_model_accepts_every_draft(tiny_model, reviews, tmp_path):
+    # Specialist == Generalist and no private context: P_G == P_S0 == P_Sc, so the greedy
+    # drafts are the Generalist's argmax (speculative) and pass the ratio test at gamma < 1.
+    same = Harness(tiny_model, tiny_model, EvalConfig(task="review", max_new_tokens=9,
+                                                       retrieve_k=0))
+    rows = {r["method"]: r for r in run_eval(same, reviews[:1],
+                                             parse_methods(["speculative", "specsteer@0.5",
+                                                            "llm", "slm"]),
+                                             tmp_path / "results.jsonl")}
+    assert rows["speculative"]["acceptance"] == 1.0
+    assert rows["specsteer@0.5"]["acceptance"] == 1.0
+    assert rows["speculative"]["text"] == rows["llm"]["text"] == rows["slm"]["text"]
+    # every round drafts K=4 and adds a bonus token: 9 tokens in 2 rounds
+    assert rows["specsteer@0.5"]["rounds"] == 2
+
+
+def test_resume_skips_rows_already_written(harness, reviews, tmp_path):
+    results = tmp_path / "out" / "results.jsonl"
+    first = list(run_eval(harness, reviews, parse_methods(["slm", "specsteer@0.5"]), results))
+    assert len(first) == 4
+    with results.open("a") as sink:
+        sink.write('{"user": "A2KETT')  # a write cut short by an interrupted run
+    seen: list[tuple[str, str, bool]] = []
+    second = list(run_eval(harness, reviews, parse_methods(["slm", "specsteer@0.5", "llm"]),
+                           results, progress=lambda e, s, r: seen.append((e.user, s.label,
+                                                                          r is None))))
+    assert [(r["user"], r["method"]) for r in second] == [("A2KETTLE", "llm"), ("B7BOOKS", "llm")]
+    assert seen.count(("A2KETTLE", "slm", True)) == 1
+    keys = [(r["user"], r["method"]) for r in read_results(results)]
+    assert len(keys) == len(set(keys)) == 6
+    assert list(run_eval(harness, reviews, parse_methods(["llm"]), results)) == []
+
+
+def test_emulated_rtt_is_paid_per_companion_reply(tiny_model, tiny_generalist, reviews,
+                                                  tmp_path):
+    rtt = Harness(tiny_model, tiny_generalist, EvalConfig(task="review", max_new_tokens=4,
+                                                          retrieve_k=1, rtt_ms=25))
+    started = time.perf_counter()
+    (row,) = run_eval(rtt, reviews[:1], parse_methods(["llm"]), tmp_path / "r.jsonl")
+    assert row["round_trips"] == 5  # open + 4 rows
+    assert row["wall_s"] >= 5 * 0.025
+    assert time.perf_counter() - started >= 5 * 0.025
+    assert row["rtt_ms"] == 25
+
+
+# ---------------------------------------------------------------------------------- report
+
+def _row(method: str, base: str, user: str, tokens: int, seconds: float, rouge_l: float,
+         **extra: object) -> dict:
+    row = {"user": user, "method": method, "base_method": base, "gamma": None, "tokens": tokens,
+           "effective_s": seconds, "ttft_s": 0.5, "rouge1": rouge_l, "rougeL": rouge_l,
+           "drafted": 0, "accepted": 0, "round_trips": 0, "bytes_up": 0, "bytes_down": 0}
+    row.update(extra)
+    return row
+
+
+def test_report_aggregates_and_speedup_over_llm(tmp_path):
+    rows = [
+        _row("llm", "llm", "u1", 10, 5.0, 0.2, round_trips=11, bytes_up=200, bytes_down=2000),
+        _row("llm", "llm", "u2", 10, 5.0, 0.4, round_trips=11, bytes_up=200, bytes_down=2000),
+        _row("slm_rag", "slm_rag", "u1", 20, 2.0, 0.3),
+        _row("specsteer@0.5", "specsteer", "u1", 20, 4.0, 0.5, gamma=0.5, drafted=16,
+             accepted=12, round_trips=6, bytes_up=300, bytes_down=900),
+    ]
+    summaries = {s.label: s for s in summarize(rows)}
+    assert summaries["llm"].tokens_per_s == pytest.approx(2.0)
+    assert summaries["llm"].rougeL == pytest.approx(0.3)
+    assert summaries["llm"].speedup == pytest.approx(1.0)
+    assert summaries["specsteer@0.5"].speedup == pytest.approx(2.5)  # 5 tok/s over 2 tok/s
+    assert summaries["specsteer@0.5"].acceptance == pytest.approx(0.75)
+    assert summaries["specsteer@0.5"].bytes_down_per_token == pytest.approx(45.0)
+    assert summaries["slm_rag"].acceptance is None
+    assert [s.label for s in summarize(rows)] == ["slm_rag", "llm", "specsteer@0.5"]
+    text = render_report(rows, {"task": "email", "specialist": "s", "generalist": "g"},
+                         "plot.png")
+    assert "| SpecSteer (γ=0.5) | 1 | 50.00 | 50.00 | 75.0 % | 5.00 | 2.50×" in text
+    assert "| LLM | 2 | 30.00 | 30.00 | – | 2.00 | 1.00×" in text
+    png = plot_quality_vs_speed(rows, tmp_path / "q.png")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
