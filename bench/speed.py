@@ -146,7 +146,7 @@ def main() -> None:
     ap.add_argument("--data", type=Path, default=DATA)
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
-    console = Console()
+    console = Console(width=160)
     _pin(DEVICE_CORE)
     specialist = load_model(args.specialist, precision=args.precision)
     generalist = load_model(args.generalist, precision=args.precision)
@@ -159,6 +159,7 @@ def main() -> None:
         "specsteer g=0.1 P_S0 on device": dict(gamma=0.1, s0_on_device=True),
         "specsteer g=0.1 K=2": dict(gamma=0.1, k=2),
         "specsteer g=0.1 K=6": dict(gamma=0.1, k=6),
+        "specsteer g=0.1 top_p=0.9": dict(gamma=0.1, top_p=0.9),
     }
     proc, url = start_companion(args.generalist, args.specialist, args.precision)
     results: dict[str, list] = {name: [] for name in ["generalist alone", *configs]}

@@ -10,14 +10,23 @@ from __future__ import annotations
 import ssl
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from specsteer.device import PRESETS, DecodeStats, DevicePrompt, Params, TokenEvent, decode
-from specsteer.errors import CompanionError, CompanionUnavailable, ProtocolError
+from specsteer.device import (
+    PRESETS,
+    DecodeStats,
+    DevicePrompt,
+    ModeChange,
+    OfflinePolicy,
+    Params,
+    TokenEvent,
+    decode,
+)
+from specsteer.errors import CompanionUnavailable
 from specsteer.history import HistoryStore, Prompt, build_prompt, retrieve
-from specsteer.link import CompanionLink, FrameChannel, FrameTap
+from specsteer.link import CompanionLink, FrameChannel, FrameTap, LinkStats
 from specsteer.runtime import load_model
 from specsteer.runtime.base import LanguageModel
 from specsteer.tokenizer import Message
@@ -56,6 +65,7 @@ class GenerationStats:
     bytes_down: int
     degraded: bool
     offline_reason: str | None = None  # why generation went local, when it did
+    reconnects: int = 0  # times collaboration resumed after the companion came back
     pipelined: int = 0  # rounds drafted while the previous round was being verified
     records: tuple[str, ...] = ()
     truncated: tuple[str, ...] = ()
@@ -130,7 +140,7 @@ class Client:
         return prompt, DevicePrompt(private_ids=private_ids, public_ids=public_ids)
 
     # -- companion -------------------------------------------------------------------------
-    def _connect(self) -> CompanionLink | None:
+    def _connect(self, stats: LinkStats | None = None) -> CompanionLink | None:
         if self.companion is None:
             return None
         if isinstance(self.companion, str):
@@ -140,7 +150,7 @@ class Client:
                 self.companion, ssl_context=self.ssl_context, open_timeout=self.connect_timeout_s)
         else:
             channel = self.companion()
-        link = CompanionLink(channel, timeout=self.timeout_s, tap=self.tap)
+        link = CompanionLink(channel, timeout=self.timeout_s, tap=self.tap, stats=stats)
         link.hello(generalist_sha256=self.generalist_sha256,
                    specialist_sha256=self.specialist.sha256, auth_token=self.token)
         return link
@@ -149,38 +159,38 @@ class Client:
     def stream(self, query: Mapping[str, Any] | str, *, task: str = "email",
                preset: str | None = None, stop: Sequence[str] = (), offline: str = "degrade",
                before: str | None = None, result: list[Result] | None = None,
+               on_mode: Callable[[ModeChange], None] | None = None,
                **params: Any) -> Iterator[Piece]:
         """Yield text pieces as tokens are decided. `params` are `device.Params` fields.
 
         offline: "degrade" (go on with the local Specialist when the companion is unreachable or
-        drops) or "fail" (raise CompanionUnavailable).
+        drops, reconnecting with backoff), "fail" (raise CompanionUnavailable) or
+        "wait(SECONDS)". `on_mode` is told of every switch between collaborative and local.
         """
-        if offline not in ("degrade", "fail"):
-            raise ValueError("offline must be 'degrade' or 'fail'")
+        policy = OfflinePolicy.parse(offline)
         settings = Params(**{**PRESETS.get(preset or "default", {}), **params}) \
             if preset is None or preset in PRESETS else _bad_preset(preset)
         started = time.perf_counter()
         prompt, device_prompt = self.prepare(query, task=task, before=before)
         retrieval_s = time.perf_counter() - started
-        link = None
-        offline_reason: str | None = None
-        if settings.method not in ("slm", "slm_rag"):
-            try:
-                link = self._connect()
-            except (CompanionUnavailable, CompanionError, ProtocolError) as exc:
-                if offline == "fail":
-                    raise
-                offline_reason = str(exc)
-            if link is None:
-                settings = replace(settings, method="slm_rag")
         stats = DecodeStats()
+        link_stats = LinkStats()
         tokens: list[int] = []
         provenance: list[str] = []
         text = ""
         tok = self.specialist.tokenizer
+
+        def connect() -> CompanionLink:
+            link = self._connect(link_stats)
+            if link is None:
+                raise CompanionUnavailable("no companion configured")
+            return link
+
+        connector = connect if self.companion is not None else None
+        events = decode(self.specialist, device_prompt, settings, None, stats, connect=connector,
+                        offline=policy, on_mode=on_mode)
         try:
-            for event in decode(self.specialist, device_prompt, settings, link, stats,
-                                degrade=offline == "degrade"):
+            for event in events:
                 if event.token in tok.eos_ids:
                     break
                 tokens.append(event.token)
@@ -195,8 +205,7 @@ class Client:
                     break
                 yield Piece(piece, event.token, event.provenance, event.round)
         finally:
-            if link is not None:
-                link.close()
+            events.close()
         if result is not None:
             total = time.perf_counter() - started
             result.append(Result(
@@ -209,11 +218,9 @@ class Client:
                     tokens_per_s=len(tokens) / total if total else 0.0,
                     first_token_s=stats.first_token_s, retrieval_s=retrieval_s,
                     prefill_s=stats.prefill_s, device_s=stats.device_s,
-                    wait_s=link.stats.wait_s if link else 0.0,
-                    bytes_up=link.stats.bytes_up if link else 0,
-                    bytes_down=link.stats.bytes_down if link else 0,
-                    degraded=offline_reason is not None or stats.degraded,
-                    offline_reason=offline_reason or stats.offline_reason,
+                    wait_s=link_stats.wait_s, bytes_up=link_stats.bytes_up,
+                    bytes_down=link_stats.bytes_down, degraded=stats.degraded,
+                    offline_reason=stats.offline_reason, reconnects=stats.reconnects,
                     pipelined=stats.pipelined,
                     records=prompt.records, truncated=prompt.truncated,
                 ),

@@ -11,13 +11,13 @@ Never the private prompt, never P_Sc.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
 from specsteer import steer
-from specsteer.errors import CompanionError, CompanionUnavailable, ProtocolError, SpecSteerError
+from specsteer.errors import CompanionError, CompanionUnavailable, ProtocolError
 from specsteer.link import CompanionLink
 from specsteer.protocol import Mode, Select
 from specsteer.runtime.base import LanguageModel, Session
@@ -86,6 +86,7 @@ class DecodeStats:
     first_token_s: float | None = None
     degraded: bool = False
     offline_reason: str | None = None
+    reconnects: int = 0  # times collaboration resumed after going local
     pipelined: int = 0  # rounds whose draft was made while the previous one was verified
     accept_lengths: list[int] = field(default_factory=list)
 
@@ -120,6 +121,48 @@ def _choose(row: np.ndarray, temperature: float, rng: np.random.Generator | None
     return steer.sample_index(np.exp(steer.log_softmax(row, temperature)), rng)
 
 
+@dataclass(frozen=True)
+class OfflinePolicy:
+    """What to do when the companion is unreachable or fails.
+
+    "degrade": go on with the local Specialist (with context) and keep trying to reconnect
+    with exponential backoff, resuming collaborative decoding in the same generation;
+    "fail": raise CompanionUnavailable; "wait(SECONDS)": block, retrying, up to SECONDS, then
+    fail.
+    """
+
+    mode: str = "degrade"
+    wait_s: float = 0.0
+    first_retry_s: float = 0.5
+    max_retry_s: float = 8.0
+
+    @classmethod
+    def parse(cls, text: str | OfflinePolicy) -> OfflinePolicy:
+        if isinstance(text, OfflinePolicy):
+            return text
+        spec = text.strip().lower()
+        if spec in ("degrade", "fail"):
+            return cls(spec)
+        if spec.startswith("wait(") and spec.endswith(")"):
+            try:
+                return cls("wait", float(spec[5:-1]))
+            except ValueError:
+                pass
+        raise ValueError(f"offline must be 'degrade', 'fail' or 'wait(SECONDS)', not {text!r}")
+
+
+@dataclass(frozen=True)
+class ModeChange:
+    """The generation switched between collaborative and local decoding (after `tokens`)."""
+
+    mode: str  # "collaborative" | "local"
+    tokens: int
+    reason: str
+
+
+_LINK_ERRORS = (CompanionUnavailable, CompanionError, ProtocolError)
+
+
 def decode(
     specialist: LanguageModel,
     prompt: DevicePrompt,
@@ -127,59 +170,118 @@ def decode(
     link: CompanionLink | None = None,
     stats: DecodeStats | None = None,
     *,
-    degrade: bool = True,
+    connect: Callable[[], CompanionLink] | None = None,
+    offline: OfflinePolicy | str = "degrade",
+    on_mode: Callable[[ModeChange], None] | None = None,
 ) -> Iterator[TokenEvent]:
     """Yield generated tokens for `prompt` with `params.method`; stops at end-of-text.
 
-    If the companion becomes unavailable or fails mid-generation, the rest is generated locally
-    with the private context (provenance "local") and `stats.degraded` is set; with
-    `degrade=False` the error propagates instead.
+    `link` is an open companion link, or None with `connect` a factory of new ones (it raises
+    on failure). When the companion is unreachable or fails, `offline` decides: with "degrade"
+    the tokens come from the local Specialist (provenance "local"), `stats.degraded` is set, and
+    `connect` is retried with backoff; a reconnect re-opens the session on the public prompt
+    plus everything committed so far and collaboration resumes in the same generation.
     """
+    policy = OfflinePolicy.parse(offline)
     stats = stats if stats is not None else DecodeStats()
     eos = specialist.tokenizer.eos_ids
     rng = np.random.default_rng(params.seed) if params.temperature > 0 else None
     started = time.perf_counter()
     private = params.method != "slm"
-    local = _Local(specialist, prompt.private_ids if private else prompt.public_ids,
-                   params.max_new_tokens)
-    stats.prefill_s += time.perf_counter() - started
-    emitted = 0
     prompt_ids = list(prompt.private_ids if private else prompt.public_ids)
+    local = _Local(specialist, prompt_ids, params.max_new_tokens)
+    stats.prefill_s += time.perf_counter() - started
     out: list[int] = []
+    collaborative = params.method not in LOCAL_METHODS
+    retry_in = policy.first_retry_s
+    next_retry = 0.0
 
     def emit(token: int, provenance: str) -> TokenEvent:
-        nonlocal emitted
-        emitted += 1
         out.append(token)
         stats.tokens += 1
         if stats.first_token_s is None:
             stats.first_token_s = time.perf_counter() - started
         return TokenEvent(token, provenance, stats.rounds)
 
-    remote: Iterator[tuple[int, str]] | None = None
-    if params.method not in LOCAL_METHODS:
-        if link is None:
-            raise SpecSteerError(f"method {params.method!r} needs a companion link")
-        remote = _remote_tokens(specialist, local, prompt, params, link, stats, rng)
-    try:
-        while remote is not None and emitted < params.max_new_tokens:
+    links: list[CompanionLink] = []
+
+    def remote_from(new_link: CompanionLink) -> Iterator[tuple[int, str]]:
+        links.append(new_link)
+        public = DevicePrompt(prompt.private_ids, [*prompt.public_ids, *out])
+        left = replace(params, max_new_tokens=params.max_new_tokens - len(out))
+        return _remote_tokens(specialist, local, public, left, new_link, stats, rng)
+
+    def drop(generator: Iterator[tuple[int, str]] | None) -> None:
+        if generator is not None:
+            generator.close()  # type: ignore[attr-defined]
+        while links:
+            links.pop().close()
+
+    def went_local(reason: str) -> None:
+        nonlocal next_retry, retry_in
+        stats.degraded = True
+        stats.offline_reason = reason
+        retry_in = policy.first_retry_s
+        next_retry = time.monotonic() + retry_in
+        if on_mode is not None:
+            on_mode(ModeChange("local", len(out), reason))
+
+    def wait_for_link(reason: str) -> CompanionLink:
+        deadline = time.monotonic() + policy.wait_s
+        delay = policy.first_retry_s
+        while True:
             try:
-                token, provenance = next(remote)
-            except StopIteration:
-                return
-            except (CompanionUnavailable, CompanionError, ProtocolError) as exc:
-                if not degrade:
+                return _connect(connect)
+            except _LINK_ERRORS as exc:
+                reason = str(exc)
+            if time.monotonic() + delay > deadline:
+                raise CompanionUnavailable(f"no companion within {policy.wait_s:g} s: {reason}")
+            time.sleep(delay)
+            delay = min(delay * 2, policy.max_retry_s)
+
+    remote: Iterator[tuple[int, str]] | None = None
+    try:
+        if collaborative:
+            try:
+                remote = remote_from(link if link is not None else _connect(connect))
+            except _LINK_ERRORS as exc:
+                if policy.mode == "fail":
                     raise
-                stats.degraded = True
-                stats.offline_reason = str(exc)
-                remote = None
-                _resync(local, [*prompt_ids, *out])
-                break
-            yield emit(token, provenance)
-            if token in eos:
-                return
-        # local methods, or what is left after the companion went away
-        while emitted < params.max_new_tokens:
+                if policy.mode == "wait":
+                    remote = remote_from(wait_for_link(str(exc)))
+                else:
+                    went_local(str(exc))
+        while len(out) < params.max_new_tokens:
+            if remote is not None:
+                try:
+                    token, provenance = next(remote)
+                except StopIteration:
+                    return
+                except _LINK_ERRORS as exc:
+                    drop(remote)
+                    remote = None
+                    _resync(local, [*prompt_ids, *out])
+                    if policy.mode == "fail":
+                        raise
+                    if policy.mode == "wait":
+                        remote = remote_from(wait_for_link(str(exc)))
+                    else:
+                        went_local(str(exc))
+                    continue
+                yield emit(token, provenance)
+                if token in eos:
+                    return
+                continue
+            if collaborative and connect is not None and time.monotonic() >= next_retry:
+                try:
+                    remote = remote_from(_connect(connect))
+                    stats.reconnects += 1
+                    if on_mode is not None:
+                        on_mode(ModeChange("collaborative", len(out), "companion reachable again"))
+                    continue
+                except _LINK_ERRORS:
+                    retry_in = min(retry_in * 2, policy.max_retry_s)
+                    next_retry = time.monotonic() + retry_in
             t0 = time.perf_counter()
             token = _choose(local.row, params.temperature, rng)
             if token not in eos:
@@ -190,7 +292,14 @@ def decode(
             if token in eos:
                 return
     finally:
+        drop(remote)
         local.session.close()
+
+
+def _connect(connect: Callable[[], CompanionLink] | None) -> CompanionLink:
+    if connect is None:
+        raise CompanionUnavailable("no companion configured")
+    return connect()
 
 
 def _remote_tokens(specialist: LanguageModel, local: _Local, prompt: DevicePrompt, params: Params,

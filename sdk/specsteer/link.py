@@ -60,12 +60,12 @@ class CompanionLink:
     """Request/response calls to a companion over a FrameChannel."""
 
     def __init__(self, channel: FrameChannel, *, timeout: float = 30.0,
-                 tap: FrameTap | None = None) -> None:
+                 tap: FrameTap | None = None, stats: LinkStats | None = None) -> None:
         self.channel = channel
         self.timeout = timeout
         self.tap = tap
         self.conn = DeviceConnection()
-        self.stats = LinkStats()
+        self.stats = stats if stats is not None else LinkStats()  # shared across reconnects
         self.hello_ok: HelloOk | None = None
 
     def _flush(self) -> None:
