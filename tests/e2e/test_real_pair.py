@@ -1,0 +1,80 @@
+"""SpecSteer on the real same-tokenizer pair: Qwen2.5-Coder 0.5B (device) → 1.5B (companion)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from specsteer.client import Client
+from specsteer.history import HistoryStore, load_shared_user
+from specsteer.runtime import load_model
+from specsteer_companion.local import LocalChannel
+from specsteer_companion.server import CompanionServer
+from specsteer_companion.verifier import Verifier
+
+pytestmark = pytest.mark.real_model
+DATA = Path(__file__).resolve().parents[2] / ".." / "shared" / "data" / \
+    "newsgroups_top100_senders.json"
+CANARY = "XKQ-CANARY-0917-bittern"
+
+
+def _compiled(name: str):
+    from specsteer.models.compile import compile_model
+    from specsteer.models.fetch import fetch
+
+    if os.environ.get("SPECSTEER_SKIP_REAL"):
+        pytest.skip("SPECSTEER_SKIP_REAL is set")
+    fetch(name)
+    return load_model(compile_model(name, "int8"))
+
+
+@pytest.fixture(scope="module")
+def pair():
+    return _compiled("qwen2.5-0.5b"), _compiled("qwen2.5-1.5b")
+
+
+@pytest.fixture(scope="module")
+def sender():
+    if not DATA.exists():
+        pytest.skip(f"{DATA} is not there")
+    user = load_shared_user(DATA, 1)
+    store = HistoryStore(memory=True)
+    store.add_many(user.records)
+    store.add(kind="email", title=user.query.get("subject", ""), body=f"Remember {CANARY}.")
+    return user, store
+
+
+def test_real_pair_networked_equals_in_process_and_keeps_the_canary(pair, sender):
+    specialist, generalist = pair
+    user, store = sender
+    verifier = Verifier(generalist, specialist)
+    frames: list[tuple[str, bytes]] = []
+    local = Client(specialist, history=store, max_prompt_tokens=384,
+                   companion=lambda: LocalChannel.for_verifier(verifier),
+                   tap=lambda d, f: frames.append((d, f)))
+    expected = local.generate(user.query, task=user.task, max_new_tokens=24, gamma=0.1,
+                              offline="fail")
+    assert CANARY in expected.prompt.with_context
+    assert all(CANARY.encode() not in f for _, f in frames)
+    assert expected.stats.bytes_up == sum(len(f) for d, f in frames if d == "up")
+    assert expected.stats.drafted > 0 and 0 < expected.stats.acceptance_rate <= 1
+    assert expected.text.strip()
+    with CompanionServer(verifier).running() as url:
+        remote = Client(specialist, history=store, companion=url, max_prompt_tokens=384)
+        got = remote.generate(user.query, task=user.task, max_new_tokens=24, gamma=0.1,
+                              offline="fail")
+    assert got.tokens == expected.tokens
+    assert (got.stats.bytes_up, got.stats.bytes_down) == \
+        (expected.stats.bytes_up, expected.stats.bytes_down)
+
+
+def test_real_identical_models_accept_every_draft(pair):
+    specialist, _ = pair
+    verifier = Verifier(specialist, specialist)
+    client = Client(specialist, companion=lambda: LocalChannel.for_verifier(verifier))
+    result = client.generate("Write one sentence about the sea.", task="email",
+                             max_new_tokens=24, gamma=1.0, offline="fail")
+    assert result.stats.drafted > 0
+    assert result.stats.accepted == result.stats.drafted
