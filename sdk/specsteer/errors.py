@@ -71,7 +71,7 @@ class HistoryLocked(HistoryError):
 
     def __init__(self, path: str, waited_s: float, detail: str = "") -> None:
         message = (
-            f"history store {path} is locked by another writer (waited {waited_s:.2f}s); "
+            f"history store {path} is locked by another connection (waited {waited_s:.2f}s); "
             "close other apps using it or retry later"
         )
         super().__init__(f"{message}: {detail}" if detail else message)

@@ -93,6 +93,27 @@ def test_locked_file_raises_history_locked_naming_it(tmp_path: Path) -> None:
     assert 0.3 <= waited < 3.0
 
 
+def test_wipe_refuses_to_claim_success_while_a_reader_pins_the_wal(tmp_path: Path) -> None:
+    path = tmp_path / "history.db"
+    secret = "zq" + "8f3e1d2c4b5a" + "0417"
+    with HistoryStore(path, busy_timeout_s=0.3) as store:
+        store.add(kind="note", id="s", body=f"secret {secret}")
+        reader = sqlite3.connect(path)
+        reader.execute("BEGIN")
+        reader.execute("SELECT count(*) FROM records").fetchone()  # holds a WAL snapshot
+        with pytest.raises(HistoryLocked, match="write-ahead log could not be truncated"):
+            store.wipe()
+        assert len(store) == 0  # the records themselves are gone
+        reader.rollback()
+        reader.close()
+        store.wipe()  # now the WAL can be truncated
+        assert store.stats()["wal_bytes"] == 0
+    leftovers = b"".join(
+        Path(f"{path}{s}").read_bytes() for s in ("", "-wal") if Path(f"{path}{s}").exists()
+    )
+    assert secret[3:].encode() not in leftovers
+
+
 def test_retry_with_backoff_outlasts_a_short_lock(tmp_path: Path) -> None:
     path = tmp_path / "history.db"
     HistoryStore(path).close()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import sqlite3
 import uuid
 from pathlib import Path
@@ -177,7 +178,39 @@ def test_candidate_search_matches_exhaustive_bm25(store: HistoryStore) -> None:
     assert [h.record.id for h in budgeted][0] == "n0"
     assert [round(h.score, 9) for h in budgeted] == [round(h.score, 9) for h in exhaustive]
     # Too few candidates for k: the search scores everything instead of returning fewer.
-    assert len(store.search(query, 10, max_candidates=1)) == 10
+    assert len(store.search(query, 10, max_candidates=10)) == 10
+
+
+FTS_SCAN = re.compile(r"SCAN (f|records_fts) VIRTUAL TABLE")
+
+
+def test_filtered_searches_walk_the_full_text_index_first(tmp_path: Path) -> None:
+    # A plan that starts from the kind/date index re-runs the MATCH per record (100x slower).
+    traced: list[tuple[str, object]] = []
+    with HistoryStore(tmp_path / "h.db", tracer=lambda sql, p: traced.append((sql, p))) as store:
+        store.add_many(
+            make_record(
+                kind="paper" if i % 2 else "note",
+                id=f"p{i}",
+                body=f"{'river' if i < 30 else 'lake'} {'rare' if i < 9 else ''}",
+                created_at=2000 + i % 20,
+            )
+            for i in range(100)
+        )
+        query = {"query": "rare river", "k": 3, "kinds": ["paper"]}
+        assert len(store.search(**query, max_candidates=10)) == 3
+        assert len(store.search(**query, max_candidates=None)) == 3
+        plans = [
+            store.db.execute(f"EXPLAIN QUERY PLAN {sql}", params).fetchall()
+            for sql, params in list(traced)
+            if "MATCH" in sql and "JOIN" in sql
+        ]
+    assert len(plans) == 3  # candidates, their ranking, and the exhaustive search
+    for plan in plans:
+        steps = [step[3] for step in plan]
+        full_text = next(i for i, step in enumerate(steps) if FTS_SCAN.match(step))
+        records = next(i for i, step in enumerate(steps) if step.startswith("SEARCH r "))
+        assert full_text < records, steps
 
 
 NASTY_QUERIES = [

@@ -155,7 +155,7 @@ def search(
     kinds: KindsOption = None,
     before: BeforeOption = None,
     all_terms: Annotated[
-        bool, typer.Option(help="Rank by every query word (exact BM25, slower).")
+        bool, typer.Option(help="Score every record sharing a query word (exhaustive, slower).")
     ] = False,
     as_json: JsonOption = False,
 ) -> None:

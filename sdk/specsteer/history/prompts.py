@@ -301,7 +301,8 @@ def build_prompt(
 
     Records keep their rank order. Every record's header (title, subject...) is kept when it
     fits; bodies share the remaining budget (short ones whole, long ones cut with an ellipsis,
-    listed in `truncated`); records whose header does not fit are `dropped`, worst first.
+    listed in `truncated`); when even the headers do not fit, the lowest-ranked records are left
+    out and listed in `dropped`.
     `per_record_tokens` caps each body even when the budget would allow more.
     """
     spec = get_task(task)
