@@ -36,7 +36,13 @@ from specsteer.client import Client
 from specsteer.history import HistoryStore, load_shared_user
 from specsteer.runtime import load_model
 
-DATA = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "newsgroups_top100_senders.json"
+DATA = (
+    Path(__file__).resolve().parents[1]
+    / ".."
+    / "shared"
+    / "data"
+    / "newsgroups_top100_senders.json"
+)
 DEVICE_CORE, COMPANION_CORE = 0, 1
 
 
@@ -59,12 +65,35 @@ def _pin(core: int) -> None:
         os.sched_setaffinity(0, {core})
 
 
-def start_companion(generalist: str, specialist: str, precision: str) -> tuple[subprocess.Popen, str]:
-    cmd = [sys.executable, "-m", "specsteer_companion.cli", "serve", "--generalist", generalist,
-           "--specialist", specialist, "--precision", precision, "--port", "0", "--open",
-           "--threads", "1", "--workers", "1"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            preexec_fn=lambda: _pin(COMPANION_CORE))
+def start_companion(
+    generalist: str, specialist: str, precision: str
+) -> tuple[subprocess.Popen, str]:
+    cmd = [
+        sys.executable,
+        "-m",
+        "specsteer_companion.cli",
+        "serve",
+        "--generalist",
+        generalist,
+        "--specialist",
+        specialist,
+        "--precision",
+        precision,
+        "--port",
+        "0",
+        "--open",
+        "--threads",
+        "1",
+        "--workers",
+        "1",
+    ]
+    proc = subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        preexec_fn=lambda: _pin(COMPANION_CORE),
+    )
     assert proc.stdout is not None
     for line in proc.stdout:
         if line.startswith("companion ready:"):
@@ -129,8 +158,10 @@ def ceiling(costs: dict, k: int, accepted_per_round: float, bet_won: float, s0: 
     draft = k * costs["step_S"]
     verify = costs["score_G"] + costs["score_S"]  # P_S0 is the Specialist's pass, either side
     serial = draft + verify
-    overlapped = max(draft + (costs["score_S"] if s0 else 0.0),
-                     costs["score_G"] + (0.0 if s0 else costs["score_S"]))
+    overlapped = max(
+        draft + (costs["score_S"] if s0 else 0.0),
+        costs["score_G"] + (0.0 if s0 else costs["score_S"]),
+    )
     per_round = bet_won * overlapped + (1 - bet_won) * serial
     return (accepted_per_round + 1) / per_round
 
@@ -168,26 +199,52 @@ def main() -> None:
             shared = load_shared_user(args.data, user)
             store = HistoryStore(memory=True)
             store.add_many(shared.records)
-            client = Client(specialist, history=store, companion=url,
-                            max_prompt_tokens=args.max_prompt_tokens)
+            client = Client(
+                specialist, history=store, companion=url, max_prompt_tokens=args.max_prompt_tokens
+            )
             _, device_prompt = client.prepare(shared.query, task=shared.task)
-            rate, ttft = generalist_alone(generalist, list(device_prompt.public_ids), args.max_new_tokens)
-            results["generalist alone"].append(dict(rate=rate, ttft=ttft, tokens=args.max_new_tokens,
-                                                    acc=0.0, bpt=0.0, piped=0.0, apr=0.0, k=0))
-            console.print(f"user {user}: generalist alone {rate:.2f} tok/s "
-                          f"(private prompt {len(device_prompt.private_ids)} tokens)")
+            rate, ttft = generalist_alone(
+                generalist, list(device_prompt.public_ids), args.max_new_tokens
+            )
+            results["generalist alone"].append(
+                dict(
+                    rate=rate,
+                    ttft=ttft,
+                    tokens=args.max_new_tokens,
+                    acc=0.0,
+                    bpt=0.0,
+                    piped=0.0,
+                    apr=0.0,
+                    k=0,
+                )
+            )
+            console.print(
+                f"user {user}: generalist alone {rate:.2f} tok/s "
+                f"(private prompt {len(device_prompt.private_ids)} tokens)"
+            )
             for name, params in configs.items():
-                stamps, result = timed_stream(client, shared.query, shared.task,
-                                              max_new_tokens=args.max_new_tokens, **params)
+                stamps, result = timed_stream(
+                    client, shared.query, shared.task, max_new_tokens=args.max_new_tokens, **params
+                )
                 st = result.stats
                 rounds = max(st.rounds, 1)
-                results[name].append(dict(
-                    rate=decode_rate(stamps), ttft=stamps[0] if stamps else 0.0, tokens=st.tokens,
-                    acc=st.acceptance_rate, bpt=st.bytes_per_token, piped=st.pipelined / rounds,
-                    apr=st.accepted / rounds, k=params.get("k", 4), s0=params.get("s0_on_device", False),
-                ))
-                console.print(f"  {name}: {decode_rate(stamps):.2f} tok/s, acceptance "
-                              f"{st.acceptance_rate:.0%}, {st.bytes_per_token:.1f} B/token")
+                results[name].append(
+                    dict(
+                        rate=decode_rate(stamps),
+                        ttft=stamps[0] if stamps else 0.0,
+                        tokens=st.tokens,
+                        acc=st.acceptance_rate,
+                        bpt=st.bytes_per_token,
+                        piped=st.pipelined / rounds,
+                        apr=st.accepted / rounds,
+                        k=params.get("k", 4),
+                        s0=params.get("s0_on_device", False),
+                    )
+                )
+                console.print(
+                    f"  {name}: {decode_rate(stamps):.2f} tok/s, acceptance "
+                    f"{st.acceptance_rate:.0%}, {st.bytes_per_token:.1f} B/token"
+                )
         context = list(device_prompt.private_ids)[:300]
         costs = step_costs(specialist, generalist, context, 4)
         costs_by_k = {k: step_costs(specialist, generalist, context, k) for k in (2, 6)}
@@ -198,33 +255,68 @@ def main() -> None:
     rows = []
     for name, runs in results.items():
         rate = statistics.mean(r["rate"] for r in runs)
-        row = Row(name, rate, rate / base, statistics.mean(r["acc"] for r in runs),
-                  statistics.mean(r["bpt"] for r in runs), statistics.mean(r["ttft"] for r in runs),
-                  sum(r["tokens"] for r in runs), statistics.mean(r["piped"] for r in runs))
+        row = Row(
+            name,
+            rate,
+            rate / base,
+            statistics.mean(r["acc"] for r in runs),
+            statistics.mean(r["bpt"] for r in runs),
+            statistics.mean(r["ttft"] for r in runs),
+            sum(r["tokens"] for r in runs),
+            statistics.mean(r["piped"] for r in runs),
+        )
         if name.startswith("specsteer"):
             k = runs[0]["k"]
             c = costs if k == 4 else costs_by_k[k]
             apr = statistics.mean(r["apr"] for r in runs)
             piped = row.pipelined_share
-            row.ceiling_speedup = ceiling(c, k, apr, piped, runs[0].get("s0", False)) * costs["step_G"]
+            row.ceiling_speedup = (
+                ceiling(c, k, apr, piped, runs[0].get("s0", False)) * costs["step_G"]
+            )
             row.of_ceiling = row.speedup / row.ceiling_speedup
         rows.append(row)
-    table = Table(title=f"{args.specialist} -> {args.generalist} ({args.precision}), "
-                        f"{args.users} users x {args.max_new_tokens} tokens, 1 core each")
-    for col in ["config", "decode tok/s", "speed-up", "acceptance", "B/token", "TTFT s",
-                "pipelined", "ceiling", "of ceiling"]:
+    table = Table(
+        title=f"{args.specialist} -> {args.generalist} ({args.precision}), "
+        f"{args.users} users x {args.max_new_tokens} tokens, 1 core each"
+    )
+    for col in [
+        "config",
+        "decode tok/s",
+        "speed-up",
+        "acceptance",
+        "B/token",
+        "TTFT s",
+        "pipelined",
+        "ceiling",
+        "of ceiling",
+    ]:
         table.add_column(col)
     for r in rows:
-        table.add_row(r.config, f"{r.decode_tok_s:.2f}", f"{r.speedup:.2f}x", f"{r.acceptance:.0%}",
-                      f"{r.bytes_per_token:.1f}", f"{r.ttft_s:.1f}", f"{r.pipelined_share:.0%}",
-                      f"{r.ceiling_speedup:.2f}x" if r.ceiling_speedup else "-",
-                      f"{r.of_ceiling:.0%}" if r.of_ceiling else "-")
+        table.add_row(
+            r.config,
+            f"{r.decode_tok_s:.2f}",
+            f"{r.speedup:.2f}x",
+            f"{r.acceptance:.0%}",
+            f"{r.bytes_per_token:.1f}",
+            f"{r.ttft_s:.1f}",
+            f"{r.pipelined_share:.0%}",
+            f"{r.ceiling_speedup:.2f}x" if r.ceiling_speedup else "-",
+            f"{r.of_ceiling:.0%}" if r.of_ceiling else "-",
+        )
     console.print(table)
     console.print({k: f"{v * 1e3:.1f} ms" for k, v in costs.items()})
     if args.json:
-        args.json.write_text(json.dumps({
-            "machine": platform.platform(), "args": {k: str(v) for k, v in vars(args).items()},
-            "costs_s": costs, "rows": [asdict(r) for r in rows]}, indent=2))
+        args.json.write_text(
+            json.dumps(
+                {
+                    "machine": platform.platform(),
+                    "args": {k: str(v) for k, v in vars(args).items()},
+                    "costs_s": costs,
+                    "rows": [asdict(r) for r in rows],
+                },
+                indent=2,
+            )
+        )
 
 
 if __name__ == "__main__":

@@ -127,7 +127,9 @@ def test_other_messages_bytes() -> None:
     assert encode(row) == b"\x01\x08\x02\x04\x04" + f16(-2.0) + f16(-1.0) + f16(-4.0) + f16(-3.0)
     request = OpenSession((1, 2), Mode.ROWS, 0.5, 1.0, 64, 0.0, 42, Select.TOP_DIFFERENCE, True)
     assert encode(request) == (
-        b"\x01\x03\x02\x01\x01" + struct.pack("<fffHQf", 0.5, 1.0, 0.0, 64, 42, 1.0) + b"\x02\x01\x02"
+        b"\x01\x03\x02\x01\x01"
+        + struct.pack("<fffHQf", 0.5, 1.0, 0.0, 64, 42, 1.0)
+        + b"\x02\x01\x02"
     )
 
 
@@ -162,7 +164,10 @@ VALID_DRAFT = encode(Draft(1, (300,), (1, 2, 3, 4)))
         (b"\x01\x09\x02\xff\xfe", ErrorCode.BAD_FRAME),  # invalid UTF-8
         (b"\x01\x09\x05ab", ErrorCode.BAD_FRAME),  # string longer than the frame
         (b"\x01\x03\x00\x00\x02" + b"\x00" * 22 + b"\x00", ErrorCode.BAD_FRAME),  # bool byte 2
-        (b"\x01\x03\x07\x00\x00" + b"\x00" * 22 + b"\x00\x00\x80\x3f" + b"\x00", ErrorCode.BAD_VALUE),  # mode 7
+        (  # mode 7
+            b"\x01\x03\x07\x00\x00" + b"\x00" * 22 + b"\x00\x00\x80\x3f" + b"\x00",
+            ErrorCode.BAD_VALUE,
+        ),
         (b"\x01\x06\x00\x00\x01\x05\x00\x7e", ErrorCode.BAD_VALUE),  # NaN value
         (b"\x01\x0a\x01", ErrorCode.BAD_FRAME),  # error code cut short
     ],

@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
+
 from specsteer.steer import (
     SparseSteer,
     classic_accept_greedy,

@@ -1,8 +1,9 @@
-"""`specsteer-companion`: serve a Generalist (+ the generic Specialist) to devices; manage tokens."""
+"""`specsteer-companion`: serve the Generalist and generic Specialist to devices; manage tokens."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from pathlib import Path
 from typing import Annotated
@@ -11,27 +12,41 @@ import typer
 
 from specsteer_companion.cli_tokens import cert_app, default_store_path, tokens_app
 
-app = typer.Typer(name="specsteer-companion", help="The SpecSteer cloud companion.",
-                  no_args_is_help=True, add_completion=False)
+app = typer.Typer(
+    name="specsteer-companion",
+    help="The SpecSteer cloud companion.",
+    no_args_is_help=True,
+    add_completion=False,
+)
 app.add_typer(tokens_app, name="tokens")
 app.add_typer(cert_app, name="cert")
 
 
 @app.command()
 def serve(
-    generalist: Annotated[str, typer.Option(help="Registry name or compiled folder")] = "qwen2.5-1.5b",
-    specialist: Annotated[str, typer.Option(
-        help="The devices' Specialist artifact (P_S0); 'none' if devices send P_S0")] = "qwen2.5-0.5b",
+    generalist: Annotated[
+        str, typer.Option(help="Registry name or compiled folder")
+    ] = "qwen2.5-1.5b",
+    specialist: Annotated[
+        str,
+        typer.Option(help="The devices' Specialist artifact (P_S0); 'none' if devices send P_S0"),
+    ] = "qwen2.5-0.5b",
     precision: Annotated[str, typer.Option(help="Precision of registry models")] = "int8",
     host: Annotated[str, typer.Option()] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="0 picks a free port")] = 8765,
     threads: Annotated[int, typer.Option(help="Threads per model")] = 1,
     workers: Annotated[int, typer.Option(help="Concurrent verification threads")] = 1,
-    tokens: Annotated[Path | None, typer.Option(help="Token store (default: the tokens command's)")] = None,
-    open_access: Annotated[bool, typer.Option("--open", help="Accept any device (local development only)")] = False,
+    tokens: Annotated[
+        Path | None, typer.Option(help="Token store (default: the tokens command's)")
+    ] = None,
+    open_access: Annotated[
+        bool, typer.Option("--open", help="Accept any device (local development only)")
+    ] = False,
     cert: Annotated[Path | None, typer.Option(help="TLS certificate (PEM) for wss://")] = None,
     key: Annotated[Path | None, typer.Option(help="TLS private key (PEM)")] = None,
-    idle_timeout: Annotated[float, typer.Option(help="Seconds before an idle device is dropped")] = 120.0,
+    idle_timeout: Annotated[
+        float, typer.Option(help="Seconds before an idle device is dropped")
+    ] = 120.0,
     max_sessions: Annotated[int, typer.Option()] = 64,
     verbose: Annotated[bool, typer.Option("-v", "--verbose")] = False,
 ) -> None:
@@ -42,30 +57,43 @@ def serve(
     from specsteer_companion.tls import server_ssl_context
     from specsteer_companion.verifier import Verifier
 
-    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
-                        format="%(asctime)s %(name)s %(message)s")
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.INFO, format="%(asctime)s %(name)s %(message)s"
+    )
     g = load_model(generalist, precision=precision, threads=threads)
-    s = None if specialist == "none" else load_model(specialist, precision=precision, threads=threads)
+    s = (
+        None
+        if specialist == "none"
+        else load_model(specialist, precision=precision, threads=threads)
+    )
     authenticate = None
     if not open_access:
         store = TokenStore(tokens or default_store_path())
-        authenticate = lambda secret: (info.token_id if (info := store.verify(secret)) else None)  # noqa: E731
+        authenticate = lambda secret: info.token_id if (info := store.verify(secret)) else None  # noqa: E731
     ssl_context = server_ssl_context(cert, key) if cert and key else None
     server = CompanionServer(
-        Verifier(g, s), ServerConfig(host=host, port=port, workers=workers,
-                                     idle_timeout_s=idle_timeout, max_sessions=max_sessions),
-        authenticate=authenticate, ssl_context=ssl_context,
+        Verifier(g, s),
+        ServerConfig(
+            host=host,
+            port=port,
+            workers=workers,
+            idle_timeout_s=idle_timeout,
+            max_sessions=max_sessions,
+        ),
+        authenticate=authenticate,
+        ssl_context=ssl_context,
     )
     scheme = "wss" if ssl_context else "ws"
 
     def ready(bound: int) -> None:
-        typer.echo(f"companion ready: {scheme}://{host}:{bound} generalist={g.name} "
-                   f"{g.sha256[:12]} specialist={s.name if s else 'none'}", err=False)
+        typer.echo(
+            f"companion ready: {scheme}://{host}:{bound} generalist={g.name} "
+            f"{g.sha256[:12]} specialist={s.name if s else 'none'}",
+            err=False,
+        )
 
-    try:
+    with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(server.serve(ready))
-    except KeyboardInterrupt:
-        pass
 
 
 def main() -> None:

@@ -20,11 +20,24 @@ if TYPE_CHECKING:
     from specsteer.history import HistoryStore, Record
 
 _LAZY = {
-    "Client": "specsteer.client", "GenerationStats": "specsteer.client",
-    "Piece": "specsteer.client", "Result": "specsteer.client", "Params": "specsteer.device",
-    "HistoryStore": "specsteer.history", "Record": "specsteer.history",
+    "Client": "specsteer.client",
+    "GenerationStats": "specsteer.client",
+    "Piece": "specsteer.client",
+    "Result": "specsteer.client",
+    "Params": "specsteer.device",
+    "HistoryStore": "specsteer.history",
+    "Record": "specsteer.history",
 }
-__all__ = [*_LAZY, "__version__"]
+__all__ = [
+    "Client",
+    "GenerationStats",
+    "HistoryStore",
+    "Params",
+    "Piece",
+    "Record",
+    "Result",
+    "__version__",
+]
 
 
 def __getattr__(name: str) -> Any:

@@ -18,8 +18,13 @@ from pathlib import Path
 from specsteer.errors import CompanionUnavailable
 from specsteer.models.registry import home
 
-DEFAULT_DATA = Path(__file__).resolve().parents[2] / ".." / "shared" / "data" / \
-    "newsgroups_top100_senders.json"
+DEFAULT_DATA = (
+    Path(__file__).resolve().parents[2]
+    / ".."
+    / "shared"
+    / "data"
+    / "newsgroups_top100_senders.json"
+)
 
 
 def prepare_models(names: list[str], precision: str, say: Callable[[str], None]) -> None:
@@ -32,14 +37,31 @@ def prepare_models(names: list[str], precision: str, say: Callable[[str], None])
         compile_model(name, precision, progress=say)
 
 
-def start_companion(generalist: str, specialist: str, precision: str,
-                    timeout_s: float = 300.0) -> tuple[subprocess.Popen[str], str]:
+def start_companion(
+    generalist: str, specialist: str, precision: str, timeout_s: float = 300.0
+) -> tuple[subprocess.Popen[str], str]:
     """Launch the companion process on a free port; return it and its URL once it is ready."""
-    cmd = [sys.executable, "-m", "specsteer_companion.cli", "serve", "--generalist", generalist,
-           "--specialist", specialist, "--precision", precision, "--port", "0", "--open",
-           "--threads", "1"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "specsteer_companion.cli",
+        "serve",
+        "--generalist",
+        generalist,
+        "--specialist",
+        specialist,
+        "--precision",
+        precision,
+        "--port",
+        "0",
+        "--open",
+        "--threads",
+        "1",
+    ]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
+    )
     deadline = time.monotonic() + timeout_s
     assert proc.stdout is not None
     lines = []

@@ -302,22 +302,41 @@ def _connect(connect: Callable[[], CompanionLink] | None) -> CompanionLink:
     return connect()
 
 
-def _remote_tokens(specialist: LanguageModel, local: _Local, prompt: DevicePrompt, params: Params,
-                   link: CompanionLink, stats: DecodeStats,
-                   rng: np.random.Generator | None) -> Iterator[tuple[int, str]]:
+def _remote_tokens(
+    specialist: LanguageModel,
+    local: _Local,
+    prompt: DevicePrompt,
+    params: Params,
+    link: CompanionLink,
+    stats: DecodeStats,
+    rng: np.random.Generator | None,
+) -> Iterator[tuple[int, str]]:
     """The collaborative part: yields (token, provenance); the local session follows along."""
-    mode = {"speculative": Mode.SPECULATIVE, "specsteer": Mode.SPECSTEER}.get(params.method, Mode.ROWS)
+    mode = {"speculative": Mode.SPECULATIVE, "specsteer": Mode.SPECSTEER}.get(
+        params.method, Mode.ROWS
+    )
     alpha = 0.0 if params.method == "llm" else params.alpha
-    link.open(prompt.public_ids, mode=mode, gamma=params.gamma, alpha=alpha, top_k=params.top_k,
-              temperature=params.temperature, seed=params.seed,
-              select=Select.TOP_DIFFERENCE if params.select == "difference" else Select.TOP_LOGP_G,
-              s0_on_device=params.s0_on_device and mode is Mode.SPECSTEER, top_p=params.top_p)
+    link.open(
+        prompt.public_ids,
+        mode=mode,
+        gamma=params.gamma,
+        alpha=alpha,
+        top_k=params.top_k,
+        temperature=params.temperature,
+        seed=params.seed,
+        select=Select.TOP_DIFFERENCE if params.select == "difference" else Select.TOP_LOGP_G,
+        s0_on_device=params.s0_on_device and mode is Mode.SPECSTEER,
+        top_p=params.top_p,
+    )
     eos = specialist.tokenizer.eos_ids
     if mode is Mode.ROWS:
         yield from _row_tokens(local, params, link, stats, rng, eos)
         return
-    s0 = _Local(specialist, prompt.public_ids, params.max_new_tokens) \
-        if params.s0_on_device and mode is Mode.SPECSTEER else None
+    s0 = (
+        _Local(specialist, prompt.public_ids, params.max_new_tokens)
+        if params.s0_on_device and mode is Mode.SPECSTEER
+        else None
+    )
     # Pipelining (greedy only, so the output is unchanged): while the companion verifies a
     # draft, the device bets that all of it is accepted and that the bonus token is its own
     # argmax, and drafts the next round; a lost bet is one rewind, a won bet hides a draft.
@@ -410,8 +429,9 @@ def _budget(params: Params, produced: int) -> int:
     return max(0, min(params.k, params.max_new_tokens - produced - 1))
 
 
-def _draft(local: _Local, k: int, temperature: float, rng: np.random.Generator | None,
-           eos: frozenset[int]) -> _Drafted:
+def _draft(
+    local: _Local, k: int, temperature: float, rng: np.random.Generator | None, eos: frozenset[int]
+) -> _Drafted:
     drafted = _Drafted(local.session.length, [], [local.row])
     for _ in range(k):
         token = _choose(drafted.rows[-1], temperature, rng)
@@ -436,8 +456,14 @@ def _extend(track: _Local, ids: Sequence[int]) -> np.ndarray:
     return np.concatenate([track.row[None, :], track.session.append(list(ids))])
 
 
-def _row_tokens(local: _Local, params: Params, link: CompanionLink, stats: DecodeStats,
-                rng: np.random.Generator | None, eos: frozenset[int]) -> Iterator[tuple[int, str]]:
+def _row_tokens(
+    local: _Local,
+    params: Params,
+    link: CompanionLink,
+    stats: DecodeStats,
+    rng: np.random.Generator | None,
+    eos: frozenset[int],
+) -> Iterator[tuple[int, str]]:
     """Per-token baselines: LLM alone, LightCoSteer and CoSteer over the companion's top-k row."""
     committed: list[int] = []
     while True:
@@ -457,8 +483,9 @@ def _row_tokens(local: _Local, params: Params, link: CompanionLink, stats: Decod
             if params.method == "light_costeer":
                 scores = steer.light_costeer(logp_g, logp_sc, logp_s0, params.beta)
             else:
-                scores = steer.costeer(logp_g, logp_sc, logp_s0,
-                                       iterations=params.costeer_iterations, beta=params.beta)
+                scores = steer.costeer(
+                    logp_g, logp_sc, logp_s0, iterations=params.costeer_iterations, beta=params.beta
+                )
         token = steer.pick(ids, scores, params.temperature, rng)
         stats.rounds += 1
         stats.device_s += time.perf_counter() - t1

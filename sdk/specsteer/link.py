@@ -8,6 +8,7 @@ places P_S0 on the device, the context-free Specialist's log-probabilities of th
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -59,8 +60,14 @@ class LinkStats:
 class CompanionLink:
     """Request/response calls to a companion over a FrameChannel."""
 
-    def __init__(self, channel: FrameChannel, *, timeout: float = 30.0,
-                 tap: FrameTap | None = None, stats: LinkStats | None = None) -> None:
+    def __init__(
+        self,
+        channel: FrameChannel,
+        *,
+        timeout: float = 30.0,
+        tap: FrameTap | None = None,
+        stats: LinkStats | None = None,
+    ) -> None:
         self.channel = channel
         self.timeout = timeout
         self.tap = tap
@@ -104,37 +111,70 @@ class CompanionLink:
             self.stats.requests += 1
 
     def _flush_quietly(self) -> None:
-        try:
+        with contextlib.suppress(CompanionUnavailable):
             self._flush()
-        except CompanionUnavailable:
-            pass
 
-    def hello(self, *, generalist_sha256: str = "", specialist_sha256: str = "",
-              auth_token: str = "", client_name: str = "specsteer-python") -> HelloOk:
-        self.conn.hello(generalist_sha256, specialist_sha256, auth_token=auth_token,
-                        client_name=client_name)
+    def hello(
+        self,
+        *,
+        generalist_sha256: str = "",
+        specialist_sha256: str = "",
+        auth_token: str = "",
+        client_name: str = "specsteer-python",
+    ) -> HelloOk:
+        self.conn.hello(
+            generalist_sha256, specialist_sha256, auth_token=auth_token, client_name=client_name
+        )
         event = self._await(HelloAccepted)
         assert isinstance(event, HelloAccepted)
         self.hello_ok = event.hello_ok
         return event.hello_ok
 
-    def open(self, prompt_ids: Sequence[int], *, mode: Mode, gamma: float, alpha: float,
-             top_k: int, temperature: float, seed: int, select: Select,
-             s0_on_device: bool, top_p: float = 1.0) -> int:
-        self.conn.open_session(list(prompt_ids), mode=mode, gamma=gamma, alpha=alpha, top_k=top_k,
-                               temperature=temperature, seed=seed, select=select,
-                               s0_on_device=s0_on_device, top_p=top_p)
+    def open(
+        self,
+        prompt_ids: Sequence[int],
+        *,
+        mode: Mode,
+        gamma: float,
+        alpha: float,
+        top_k: int,
+        temperature: float,
+        seed: int,
+        select: Select,
+        s0_on_device: bool,
+        top_p: float = 1.0,
+    ) -> int:
+        self.conn.open_session(
+            list(prompt_ids),
+            mode=mode,
+            gamma=gamma,
+            alpha=alpha,
+            top_k=top_k,
+            temperature=temperature,
+            seed=seed,
+            select=select,
+            s0_on_device=s0_on_device,
+            top_p=top_p,
+        )
         event = self._await(SessionReady)
         assert isinstance(event, SessionReady)
         return event.prompt_length
 
-    def verify(self, draft: Sequence[int], committed: Sequence[int] = (),
-               logp_s0: Sequence[float] | None = None) -> Verdict:
+    def verify(
+        self,
+        draft: Sequence[int],
+        committed: Sequence[int] = (),
+        logp_s0: Sequence[float] | None = None,
+    ) -> Verdict:
         self.submit_draft(draft, committed, logp_s0)
         return self.wait_verdict()
 
-    def submit_draft(self, draft: Sequence[int], committed: Sequence[int] = (),
-                     logp_s0: Sequence[float] | None = None) -> None:
+    def submit_draft(
+        self,
+        draft: Sequence[int],
+        committed: Sequence[int] = (),
+        logp_s0: Sequence[float] | None = None,
+    ) -> None:
         """Send a draft without waiting, so the device can work while it is verified."""
         self.conn.send_draft(list(draft), committed_ids=list(committed), logp_s0=logp_s0)
         self._flush()

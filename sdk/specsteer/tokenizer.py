@@ -31,8 +31,9 @@ class Message:
 class Tokenizer:
     """A model's tokenizer: encode/decode, chat rendering and stop ids."""
 
-    def __init__(self, hf: _HFTokenizer, *, chat_template: str = "chatml",
-                 eos_ids: Sequence[int] = ()) -> None:
+    def __init__(
+        self, hf: _HFTokenizer, *, chat_template: str = "chatml", eos_ids: Sequence[int] = ()
+    ) -> None:
         self._hf = hf
         self.chat_template = chat_template
         vocab = hf.get_vocab(with_added_tokens=True)
@@ -43,8 +44,9 @@ class Tokenizer:
         ).hexdigest()
 
     @classmethod
-    def from_folder(cls, folder: str | Path, *, chat_template: str = "chatml",
-                    eos_ids: Sequence[int] = ()) -> Tokenizer:
+    def from_folder(
+        cls, folder: str | Path, *, chat_template: str = "chatml", eos_ids: Sequence[int] = ()
+    ) -> Tokenizer:
         """Load `tokenizer.json` from a compiled model folder."""
         path = Path(folder) / "tokenizer.json"
         if not path.is_file():
@@ -76,7 +78,9 @@ class Tokenizer:
         """Number of tokens of `text` (prompt budgeting)."""
         return len(self.encode(text))
 
-    def render_chat(self, messages: Sequence[Message], *, add_generation_prompt: bool = True) -> str:
+    def render_chat(
+        self, messages: Sequence[Message], *, add_generation_prompt: bool = True
+    ) -> str:
         """The prompt text of a conversation in this model's chat format."""
         if self.chat_template == "none":  # base models: plain text, blank line between turns
             text = "\n\n".join(m.content for m in messages if m.content)
@@ -86,6 +90,8 @@ class Tokenizer:
             parts.append("<|im_start|>assistant\n")
         return "".join(parts)
 
-    def chat_ids(self, messages: Sequence[Message], *, add_generation_prompt: bool = True) -> list[int]:
+    def chat_ids(
+        self, messages: Sequence[Message], *, add_generation_prompt: bool = True
+    ) -> list[int]:
         """Token ids of a conversation, ready to append to a session."""
         return self.encode(self.render_chat(messages, add_generation_prompt=add_generation_prompt))

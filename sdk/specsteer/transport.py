@@ -6,6 +6,7 @@ network failure (refused, timed out, dropped) into `CompanionUnavailable`.
 
 from __future__ import annotations
 
+import contextlib
 import ssl
 import time
 
@@ -23,13 +24,18 @@ MAX_FRAME_BYTES = 2**16 + 1024
 class WebSocketChannel:
     """FrameChannel over a websocket (`ws://` or `wss://`)."""
 
-    def __init__(self, url: str, *, ssl_context: ssl.SSLContext | None = None,
-                 open_timeout: float = 10.0) -> None:
+    def __init__(
+        self, url: str, *, ssl_context: ssl.SSLContext | None = None, open_timeout: float = 10.0
+    ) -> None:
         self.url = url
         try:
             self._connect = connect(
-                url, ssl=ssl_context, open_timeout=open_timeout, max_size=MAX_FRAME_BYTES,
-                compression=None, close_timeout=2,
+                url,
+                ssl=ssl_context,
+                open_timeout=open_timeout,
+                max_size=MAX_FRAME_BYTES,
+                compression=None,
+                close_timeout=2,
             )
             self._ws: ClientConnection = self._connect.__enter__()
         except (OSError, TimeoutError, InvalidHandshake, InvalidURI) as exc:
@@ -39,7 +45,9 @@ class WebSocketChannel:
         try:
             self._ws.send(frame)
         except (ConnectionClosed, OSError) as exc:
-            raise CompanionUnavailable(f"the companion at {self.url} closed the connection") from exc
+            raise CompanionUnavailable(
+                f"the companion at {self.url} closed the connection"
+            ) from exc
 
     def recv(self, timeout: float) -> bytes:
         try:
@@ -49,16 +57,16 @@ class WebSocketChannel:
                 f"no answer from the companion at {self.url} within {timeout:.1f} s"
             ) from exc
         except (ConnectionClosed, OSError) as exc:
-            raise CompanionUnavailable(f"the companion at {self.url} closed the connection") from exc
+            raise CompanionUnavailable(
+                f"the companion at {self.url} closed the connection"
+            ) from exc
         if isinstance(data, str):
             raise ProtocolError(ErrorCode.BAD_FRAME, "the companion sent a text frame")
         return data
 
     def close(self) -> None:
-        try:
+        with contextlib.suppress(Exception):  # closing a broken socket must not raise
             self._connect.__exit__(None, None, None)
-        except Exception:  # closing a broken socket must not raise into the app
-            pass
 
 
 class LatencyChannel:

@@ -59,10 +59,13 @@ def test_reconnect_resumes_collaboration_in_the_same_generation(tiny_model, tiny
     verifier = Verifier(tiny_generalist, tiny_model)
     frames: list[tuple[str, bytes]] = []
     changes: list[ModeChange] = []
-    client = Client(tiny_model, history=store, companion=_Flaky(verifier, down=2),
-                    tap=lambda d, f: frames.append((d, f)))
-    result = client.generate(SUBJECT, max_new_tokens=60, k=2, offline=NOW,
-                             on_mode=changes.append)
+    client = Client(
+        tiny_model,
+        history=store,
+        companion=_Flaky(verifier, down=2),
+        tap=lambda d, f: frames.append((d, f)),
+    )
+    result = client.generate(SUBJECT, max_new_tokens=60, k=2, offline=NOW, on_mode=changes.append)
     prov = result.provenance
     assert prov[0] != "local" and "local" in prov
     first_local = prov.index("local")
@@ -89,8 +92,9 @@ def test_wait_policy_blocks_until_the_companion_is_back(tiny_model, tiny_general
         return LocalChannel.for_verifier(verifier)
 
     client = Client(tiny_model, history=store, companion=slow_start)
-    result = client.generate(SUBJECT, max_new_tokens=16,
-                             offline=OfflinePolicy("wait", wait_s=5, first_retry_s=0.01))
+    result = client.generate(
+        SUBJECT, max_new_tokens=16, offline=OfflinePolicy("wait", wait_s=5, first_retry_s=0.01)
+    )
     assert not result.stats.degraded and "local" not in result.provenance
     assert attempts["n"] == 3
 

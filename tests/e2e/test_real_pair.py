@@ -15,8 +15,13 @@ from specsteer_companion.server import CompanionServer
 from specsteer_companion.verifier import Verifier
 
 pytestmark = pytest.mark.real_model
-DATA = Path(__file__).resolve().parents[2] / ".." / "shared" / "data" / \
-    "newsgroups_top100_senders.json"
+DATA = (
+    Path(__file__).resolve().parents[2]
+    / ".."
+    / "shared"
+    / "data"
+    / "newsgroups_top100_senders.json"
+)
 CANARY = "XKQ-CANARY-0917-bittern"
 
 
@@ -51,11 +56,16 @@ def test_real_pair_networked_equals_in_process_and_keeps_the_canary(pair, sender
     user, store = sender
     verifier = Verifier(generalist, specialist)
     frames: list[tuple[str, bytes]] = []
-    local = Client(specialist, history=store, max_prompt_tokens=384,
-                   companion=lambda: LocalChannel.for_verifier(verifier),
-                   tap=lambda d, f: frames.append((d, f)))
-    expected = local.generate(user.query, task=user.task, max_new_tokens=24, gamma=0.1,
-                              offline="fail")
+    local = Client(
+        specialist,
+        history=store,
+        max_prompt_tokens=384,
+        companion=lambda: LocalChannel.for_verifier(verifier),
+        tap=lambda d, f: frames.append((d, f)),
+    )
+    expected = local.generate(
+        user.query, task=user.task, max_new_tokens=24, gamma=0.1, offline="fail"
+    )
     assert CANARY in expected.prompt.with_context
     assert all(CANARY.encode() not in f for _, f in frames)
     assert expected.stats.bytes_up == sum(len(f) for d, f in frames if d == "up")
@@ -63,18 +73,26 @@ def test_real_pair_networked_equals_in_process_and_keeps_the_canary(pair, sender
     assert expected.text.strip()
     with CompanionServer(verifier).running() as url:
         remote = Client(specialist, history=store, companion=url, max_prompt_tokens=384)
-        got = remote.generate(user.query, task=user.task, max_new_tokens=24, gamma=0.1,
-                              offline="fail")
+        got = remote.generate(
+            user.query, task=user.task, max_new_tokens=24, gamma=0.1, offline="fail"
+        )
     assert got.tokens == expected.tokens
-    assert (got.stats.bytes_up, got.stats.bytes_down) == \
-        (expected.stats.bytes_up, expected.stats.bytes_down)
+    assert (got.stats.bytes_up, got.stats.bytes_down) == (
+        expected.stats.bytes_up,
+        expected.stats.bytes_down,
+    )
 
 
 def test_real_identical_models_accept_every_draft(pair):
     specialist, _ = pair
     verifier = Verifier(specialist, specialist)
     client = Client(specialist, companion=lambda: LocalChannel.for_verifier(verifier))
-    result = client.generate("Write one sentence about the sea.", task="email",
-                             max_new_tokens=24, gamma=1.0, offline="fail")
+    result = client.generate(
+        "Write one sentence about the sea.",
+        task="email",
+        max_new_tokens=24,
+        gamma=1.0,
+        offline="fail",
+    )
     assert result.stats.drafted > 0
     assert result.stats.accepted == result.stats.drafted

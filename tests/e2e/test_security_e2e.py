@@ -30,7 +30,7 @@ def tokens(tmp_path) -> TokenStore:
 
 
 def _auth(tokens: TokenStore):
-    return lambda secret: (info.token_id if (info := tokens.verify(secret)) else None)
+    return lambda secret: info.token_id if (info := tokens.verify(secret)) else None
 
 
 def test_tokens_valid_missing_wrong_and_revoked(tiny_model, tiny_generalist, store, tokens):
@@ -56,13 +56,19 @@ def test_tokens_valid_missing_wrong_and_revoked(tiny_model, tiny_generalist, sto
 
 def test_canary_over_tls(tiny_model, tiny_generalist, store, tmp_path):
     cert, key = make_self_signed(tmp_path / "tls")
-    server = CompanionServer(Verifier(tiny_generalist, tiny_model),
-                             ssl_context=server_ssl_context(cert, key))
+    server = CompanionServer(
+        Verifier(tiny_generalist, tiny_model), ssl_context=server_ssl_context(cert, key)
+    )
     frames: list[tuple[str, bytes]] = []
     with server.running() as url:
         assert url.startswith("wss://")
-        client = Client(tiny_model, history=store, companion=url.replace("127.0.0.1", "localhost"),
-                        ssl_context=client_ssl_context(cert), tap=lambda d, f: frames.append((d, f)))
+        client = Client(
+            tiny_model,
+            history=store,
+            companion=url.replace("127.0.0.1", "localhost"),
+            ssl_context=client_ssl_context(cert),
+            tap=lambda d, f: frames.append((d, f)),
+        )
         result = client.generate("Team offsite", max_new_tokens=24, offline="fail")
         assert CANARY in result.prompt.with_context
         assert frames and all(CANARY.encode() not in f for _, f in frames)
@@ -71,10 +77,11 @@ def test_canary_over_tls(tiny_model, tiny_generalist, store, tmp_path):
         for msg in prompt_ids:
             if isinstance(msg, protocol.OpenSession):
                 ids = list(msg.prompt_ids)
-                assert all(ids[i:i + len(canary_ids)] != canary_ids for i in range(len(ids)))
+                assert all(ids[i : i + len(canary_ids)] != canary_ids for i in range(len(ids)))
         # a client that does not trust the certificate cannot connect
-        untrusting = Client(tiny_model, history=store, companion=url,
-                            ssl_context=client_ssl_context())
+        untrusting = Client(
+            tiny_model, history=store, companion=url, ssl_context=client_ssl_context()
+        )
         with pytest.raises(CompanionUnavailable):
             untrusting.generate("Team offsite", max_new_tokens=4, offline="fail")
 
@@ -83,23 +90,40 @@ def test_session_quota_per_identity(tiny_model, tiny_generalist, store):
     from specsteer.link import CompanionLink
     from specsteer.transport import WebSocketChannel
 
-    server = CompanionServer(Verifier(tiny_generalist, tiny_model),
-                             ServerConfig(port=0, max_sessions_per_identity=2))
+    server = CompanionServer(
+        Verifier(tiny_generalist, tiny_model), ServerConfig(port=0, max_sessions_per_identity=2)
+    )
     with server.running() as url:
         links = []
         for _ in range(2):
             link = CompanionLink(WebSocketChannel(url))
             link.hello(client_name="same-device")
-            link.open([1, 2, 3], mode=protocol.Mode.SPECSTEER, gamma=0.5, alpha=1.0, top_k=8,
-                      temperature=0.0, seed=0, select=protocol.Select.TOP_LOGP_G,
-                      s0_on_device=False)
+            link.open(
+                [1, 2, 3],
+                mode=protocol.Mode.SPECSTEER,
+                gamma=0.5,
+                alpha=1.0,
+                top_k=8,
+                temperature=0.0,
+                seed=0,
+                select=protocol.Select.TOP_LOGP_G,
+                s0_on_device=False,
+            )
             links.append(link)
         third = CompanionLink(WebSocketChannel(url))
         third.hello(client_name="same-device")
         with pytest.raises(CompanionError) as info:
-            third.open([1, 2, 3], mode=protocol.Mode.SPECSTEER, gamma=0.5, alpha=1.0, top_k=8,
-                       temperature=0.0, seed=0, select=protocol.Select.TOP_LOGP_G,
-                       s0_on_device=False)
+            third.open(
+                [1, 2, 3],
+                mode=protocol.Mode.SPECSTEER,
+                gamma=0.5,
+                alpha=1.0,
+                top_k=8,
+                temperature=0.0,
+                seed=0,
+                select=protocol.Select.TOP_LOGP_G,
+                s0_on_device=False,
+            )
         assert info.value.code == ErrorCode.SESSION_LIMIT
         links[0].close()
         # a freed slot can be used again

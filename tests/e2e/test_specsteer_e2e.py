@@ -21,10 +21,16 @@ SUBJECT = "Budget for the next quarter"
 @pytest.fixture()
 def store() -> HistoryStore:
     history = HistoryStore(memory=True)
-    history.add(kind="email", title="Budget for the next quarter",
-                body=f"Dear team, the budget for the next quarter stays as it is. {CANARY}")
-    history.add(kind="email", title="Meeting notes",
-                body="Thank you for the meeting notes, I will send the revised draft by Friday.")
+    history.add(
+        kind="email",
+        title="Budget for the next quarter",
+        body=f"Dear team, the budget for the next quarter stays as it is. {CANARY}",
+    )
+    history.add(
+        kind="email",
+        title="Meeting notes",
+        body="Thank you for the meeting notes, I will send the revised draft by Friday.",
+    )
     return history
 
 
@@ -43,23 +49,36 @@ def test_in_process_equals_networked(tiny_model, verifier, store, method):
     expected = local.generate(SUBJECT, method=method, max_new_tokens=24)
     with CompanionServer(verifier).running() as url:
         remote = Client(tiny_model, history=store, companion=url).generate(
-            SUBJECT, method=method, max_new_tokens=24)
+            SUBJECT, method=method, max_new_tokens=24
+        )
     assert remote.tokens == expected.tokens
     assert remote.provenance == expected.provenance
-    assert (remote.stats.bytes_up, remote.stats.bytes_down) == \
-        (expected.stats.bytes_up, expected.stats.bytes_down)
+    assert (remote.stats.bytes_up, remote.stats.bytes_down) == (
+        expected.stats.bytes_up,
+        expected.stats.bytes_down,
+    )
     assert not remote.stats.degraded
 
 
-@pytest.mark.parametrize("params", [
-    dict(method="specsteer"), dict(method="specsteer", s0_on_device=True),
-    dict(method="specsteer", temperature=0.8, seed=3), dict(method="speculative"),
-    dict(method="costeer"), dict(method="light_costeer"),
-])
+@pytest.mark.parametrize(
+    "params",
+    [
+        dict(method="specsteer"),
+        dict(method="specsteer", s0_on_device=True),
+        dict(method="specsteer", temperature=0.8, seed=3),
+        dict(method="speculative"),
+        dict(method="costeer"),
+        dict(method="light_costeer"),
+    ],
+)
 def test_privacy_canary_never_crosses_the_wire(tiny_model, verifier, store, params):
     frames: list[tuple[str, bytes]] = []
-    client = Client(tiny_model, history=store, companion=_local(verifier),
-                    tap=lambda direction, frame: frames.append((direction, frame)))
+    client = Client(
+        tiny_model,
+        history=store,
+        companion=_local(verifier),
+        tap=lambda direction, frame: frames.append((direction, frame)),
+    )
     result = client.generate(SUBJECT, max_new_tokens=32, **params)
     # the canary really was retrieved and given to the Specialist
     assert any(CANARY in t for t in [result.prompt.with_context])
@@ -84,13 +103,17 @@ def test_privacy_canary_never_crosses_the_wire(tiny_model, verifier, store, para
 
 def _contains(haystack: list[int], needle: list[int]) -> bool:
     n = len(needle)
-    return any(haystack[i:i + n] == needle for i in range(len(haystack) - n + 1))
+    return any(haystack[i : i + n] == needle for i in range(len(haystack) - n + 1))
 
 
 def test_bytes_accounting_equals_captured_frames(tiny_model, verifier, store):
     frames: list[tuple[str, bytes]] = []
-    client = Client(tiny_model, history=store, companion=_local(verifier),
-                    tap=lambda d, f: frames.append((d, f)))
+    client = Client(
+        tiny_model,
+        history=store,
+        companion=_local(verifier),
+        tap=lambda d, f: frames.append((d, f)),
+    )
     result = client.generate(SUBJECT, max_new_tokens=40)
     assert result.stats.bytes_up == sum(len(f) for d, f in frames if d == "up")
     assert result.stats.bytes_down == sum(len(f) for d, f in frames if d == "down")
@@ -162,8 +185,11 @@ class _DyingChannel(LocalChannel):
 def test_companion_dying_mid_generation_completes_locally(tiny_model, verifier, store):
     from specsteer_companion.endpoint import CompanionEndpoint
 
-    client = Client(tiny_model, history=store,
-                    companion=lambda: _DyingChannel(CompanionEndpoint(verifier), frames=5))
+    client = Client(
+        tiny_model,
+        history=store,
+        companion=lambda: _DyingChannel(CompanionEndpoint(verifier), frames=5),
+    )
     result = client.generate(SUBJECT, max_new_tokens=40, k=2)
     assert result.stats.degraded
     assert result.provenance[0] != "local" and result.provenance[-1] == "local"
@@ -182,8 +208,17 @@ def test_model_mismatch_is_refused(tiny_model, tiny_generalist, store):
         client.generate(SUBJECT, max_new_tokens=8, offline="fail")
 
 
-@pytest.mark.parametrize("extra", [dict(), dict(method="speculative"), dict(s0_on_device=True),
-                                   dict(gamma=0.0), dict(k=1), dict(k=6, gamma=0.1)])
+@pytest.mark.parametrize(
+    "extra",
+    [
+        dict(),
+        dict(method="speculative"),
+        dict(s0_on_device=True),
+        dict(gamma=0.0),
+        dict(k=1),
+        dict(k=6, gamma=0.1),
+    ],
+)
 def test_pipelining_never_changes_the_output(tiny_model, verifier, store, extra):
     client = Client(tiny_model, history=store, companion=_local(verifier))
     plain = client.generate(SUBJECT, max_new_tokens=40, pipeline=False, **extra)

@@ -21,7 +21,9 @@ def _ids(model) -> list[int]:
 def test_chunked_append_equals_token_by_token(tiny_model):
     ids = _ids(tiny_model)
     chunked = tiny_model.new_session()
-    rows = np.concatenate([chunked.append(ids[:7]), chunked.append(ids[7:12]), chunked.append(ids[12:])])
+    rows = np.concatenate(
+        [chunked.append(ids[:7]), chunked.append(ids[7:12]), chunked.append(ids[12:])]
+    )
     single = tiny_model.new_session()
     one_by_one = np.stack([single.append([t])[0] for t in ids])
     assert rows.shape == (len(ids), tiny_model.vocab_size)
@@ -49,15 +51,18 @@ def test_sessions_are_independent(tiny_model):
     b.append(ids[::-1])
     again = tiny_model.new_session().append(ids[:5])
     np.testing.assert_allclose(first, again, atol=1e-6)
-    np.testing.assert_allclose(a.append(ids[5:8]), tiny_model.new_session().append(ids[:8])[5:],
-                               atol=1e-4)
+    np.testing.assert_allclose(
+        a.append(ids[5:8]), tiny_model.new_session().append(ids[:8])[5:], atol=1e-4
+    )
 
 
 def test_two_models_differ(tiny_model, tiny_generalist):
     assert tiny_model.sha256 != tiny_generalist.sha256
     assert tiny_model.tokenizer.vocab_hash == tiny_generalist.tokenizer.vocab_hash
     ids = _ids(tiny_model)
-    assert not np.allclose(tiny_model.new_session().append(ids), tiny_generalist.new_session().append(ids))
+    assert not np.allclose(
+        tiny_model.new_session().append(ids), tiny_generalist.new_session().append(ids)
+    )
 
 
 def test_session_errors(tiny_model):
@@ -81,8 +86,9 @@ def test_greedy_matches_transformers_reference(tmp_path, tiny_model):
     from specsteer.models.tiny import hf_reference_dir
 
     recipe = tiny_model.manifest["recipe"]
-    hf = AutoModelForCausalLM.from_pretrained(hf_reference_dir(tmp_path / "hf", recipe),
-                                              dtype=torch.float32)
+    hf = AutoModelForCausalLM.from_pretrained(
+        hf_reference_dir(tmp_path / "hf", recipe), dtype=torch.float32
+    )
     ids = _ids(tiny_model)[:12]
     ort_tokens, session = [], tiny_model.new_session()
     logits = session.append(ids)
@@ -90,9 +96,15 @@ def test_greedy_matches_transformers_reference(tmp_path, tiny_model):
         ort_tokens.append(int(np.argmax(logits[-1])))
         logits = session.append([ort_tokens[-1]])
     with torch.no_grad():
-        out = hf.generate(torch.tensor([ids]), max_new_tokens=32, do_sample=False,
-                          min_new_tokens=32, eos_token_id=None, pad_token_id=0)
-    assert ort_tokens == out[0, len(ids):].tolist()
+        out = hf.generate(
+            torch.tensor([ids]),
+            max_new_tokens=32,
+            do_sample=False,
+            min_new_tokens=32,
+            eos_token_id=None,
+            pad_token_id=0,
+        )
+    assert ort_tokens == out[0, len(ids) :].tolist()
 
 
 def _copy_model(tiny_model, tmp_path):

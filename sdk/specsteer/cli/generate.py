@@ -13,8 +13,13 @@ from rich.table import Table
 from specsteer.client import Client, Result
 from specsteer.errors import SpecSteerError
 
-COLOURS = {"draft": "green", "recovered": "yellow", "bonus": "cyan", "generalist": "magenta",
-           "local": "white"}
+COLOURS = {
+    "draft": "green",
+    "recovered": "yellow",
+    "bonus": "cyan",
+    "generalist": "magenta",
+    "local": "white",
+}
 console = Console(highlight=False)
 
 
@@ -22,11 +27,18 @@ def _legend() -> str:
     return "  ".join(f"[{c}]{name}[/{c}]" for name, c in COLOURS.items())
 
 
-def _stream(client: Client, query: dict[str, Any] | str, task: str, options: dict[str, Any]) -> Result:
+def _stream(
+    client: Client, query: dict[str, Any] | str, task: str, options: dict[str, Any]
+) -> Result:
     out: list[Result] = []
     for piece in client.stream(query, task=task, result=out, **options):
-        console.print(piece.text, style=COLOURS.get(piece.provenance, "white"), end="",
-                      soft_wrap=True, markup=False)
+        console.print(
+            piece.text,
+            style=COLOURS.get(piece.provenance, "white"),
+            end="",
+            soft_wrap=True,
+            markup=False,
+        )
     console.print()
     return out[0]
 
@@ -35,14 +47,20 @@ def _stats_table(result: Result) -> Table:
     s = result.stats
     table = Table(title="generation stats", show_header=False)
     rows = [
-        ("method", s.method), ("tokens", str(s.tokens)), ("rounds", str(s.rounds)),
+        ("method", s.method),
+        ("tokens", str(s.tokens)),
+        ("rounds", str(s.rounds)),
         ("acceptance", f"{s.acceptance_rate:.1%} ({s.accepted}/{s.drafted} drafts)"),
-        ("tokens/s", f"{s.tokens_per_s:.2f}"), ("time to first token", f"{s.first_token_s or 0:.2f} s"),
-        ("retrieval", f"{s.retrieval_s * 1e3:.1f} ms"), ("device prefill", f"{s.prefill_s:.2f} s"),
-        ("device compute", f"{s.device_s:.2f} s"), ("companion + network", f"{s.wait_s:.2f} s"),
+        ("tokens/s", f"{s.tokens_per_s:.2f}"),
+        ("time to first token", f"{s.first_token_s or 0:.2f} s"),
+        ("retrieval", f"{s.retrieval_s * 1e3:.1f} ms"),
+        ("device prefill", f"{s.prefill_s:.2f} s"),
+        ("device compute", f"{s.device_s:.2f} s"),
+        ("companion + network", f"{s.wait_s:.2f} s"),
         ("total", f"{s.total_s:.2f} s"),
         ("bytes up / down", f"{s.bytes_up} / {s.bytes_down} ({s.bytes_per_token:.1f} B/token)"),
-        ("offline-degraded", str(s.degraded)), ("history records used", ", ".join(s.records) or "-"),
+        ("offline-degraded", str(s.degraded)),
+        ("history records used", ", ".join(s.records) or "-"),
     ]
     for key, value in rows:
         table.add_row(key, value)
@@ -56,9 +74,13 @@ def register(app: typer.Typer) -> None:
     def generate(
         request: Annotated[str, typer.Argument(help="What to write (a subject, title or text)")],
         task: Annotated[str, typer.Option(help="Task template")] = "email",
-        specialist: Annotated[str, typer.Option(help="Registry name or compiled folder")] = "qwen2.5-0.5b",
+        specialist: Annotated[
+            str, typer.Option(help="Registry name or compiled folder")
+        ] = "qwen2.5-0.5b",
         history: Annotated[Path | None, typer.Option(help="History store (SQLite file)")] = None,
-        companion: Annotated[str | None, typer.Option(help="ws:// or wss:// URL; none = local")] = None,
+        companion: Annotated[
+            str | None, typer.Option(help="ws:// or wss:// URL; none = local")
+        ] = None,
         token: Annotated[str, typer.Option(envvar="SPECSTEER_TOKEN", help="Device token")] = "",
         method: Annotated[str, typer.Option()] = "specsteer",
         preset: Annotated[str | None, typer.Option(help="default | fast | strict")] = None,
@@ -72,9 +94,16 @@ def register(app: typer.Typer) -> None:
         as_json: Annotated[bool, typer.Option("--json")] = False,
     ) -> None:
         """Write personalized text with the local Specialist, steered by a companion if given."""
-        options: dict[str, Any] = dict(method=method, alpha=alpha, k=k, top_k=top_k,
-                                       temperature=temperature, max_new_tokens=max_new_tokens,
-                                       seed=seed, preset=preset)
+        options: dict[str, Any] = dict(
+            method=method,
+            alpha=alpha,
+            k=k,
+            top_k=top_k,
+            temperature=temperature,
+            max_new_tokens=max_new_tokens,
+            seed=seed,
+            preset=preset,
+        )
         if gamma is not None:
             options["gamma"] = gamma
         query = request  # a plain string fills the task's first field
@@ -82,8 +111,16 @@ def register(app: typer.Typer) -> None:
             client = Client(specialist, history=history, companion=companion, token=token)
             if as_json:
                 result = client.generate(query, task=task, **options)
-                print(json.dumps({"text": result.text, "provenance": result.provenance,
-                                  "stats": vars(result.stats)}, default=str))
+                print(
+                    json.dumps(
+                        {
+                            "text": result.text,
+                            "provenance": result.provenance,
+                            "stats": vars(result.stats),
+                        },
+                        default=str,
+                    )
+                )
             else:
                 console.print(_legend())
                 console.print(_stats_table(_stream(client, query, task, options)))
@@ -95,11 +132,14 @@ def register(app: typer.Typer) -> None:
     def demo(
         user: Annotated[int, typer.Option(help="Sender index in the newsgroups data")] = 0,
         data: Annotated[Path, typer.Option(help="newsgroups_top100_senders.json")] = Path(
-            "../shared/data/newsgroups_top100_senders.json"),
+            "../shared/data/newsgroups_top100_senders.json"
+        ),
         specialist: Annotated[str, typer.Option()] = "qwen2.5-0.5b",
         generalist: Annotated[str, typer.Option()] = "qwen2.5-1.5b",
         precision: Annotated[str, typer.Option()] = "int8",
-        preset: Annotated[str, typer.Option(help="default (gamma 0.5) | fast (0.1) | strict")] = "default",
+        preset: Annotated[
+            str, typer.Option(help="default (gamma 0.5) | fast (0.1) | strict")
+        ] = "default",
         max_new_tokens: Annotated[int, typer.Option()] = 96,
     ) -> None:
         """The main job: a real email in a sender's voice via SDK + companion on real models."""
@@ -114,11 +154,17 @@ def register(app: typer.Typer) -> None:
             proc, url = demo_lib.start_companion(generalist, specialist, precision)
             try:
                 client = Client(specialist, history=store, companion=url)
-                console.print(f"[bold]Subject:[/bold] {shared.query.get('subject')}  "
-                              f"[dim](newsgroup {shared.query.get('newsgroup', '?')})[/dim]")
+                console.print(
+                    f"[bold]Subject:[/bold] {shared.query.get('subject')}  "
+                    f"[dim](newsgroup {shared.query.get('newsgroup', '?')})[/dim]"
+                )
                 console.print(_legend())
-                result = _stream(client, shared.query, shared.task,
-                                 {"preset": preset, "max_new_tokens": max_new_tokens})
+                result = _stream(
+                    client,
+                    shared.query,
+                    shared.task,
+                    {"preset": preset, "max_new_tokens": max_new_tokens},
+                )
                 console.print(_stats_table(result))
                 console.print("[bold]What the user really wrote (first 400 chars):[/bold]")
                 console.print(shared.gold[:400], markup=False)

