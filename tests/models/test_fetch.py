@@ -35,13 +35,25 @@ def make_wheels(folder: Path, payloads: list[bytes], stem: str = "fake-model") -
     return parts
 
 
-def make_spec(parts: list[PackagePart], payloads: list[bytes], *, sha256: str | None = None,
-              name: str = "fake-model") -> ModelSpec:
+def make_spec(
+    parts: list[PackagePart],
+    payloads: list[bytes],
+    *,
+    sha256: str | None = None,
+    name: str = "fake-model",
+) -> ModelSpec:
     whole = b"".join(payloads)
     return ModelSpec(
-        name=name, title="fake", role="test", architecture="llama", chat_template="chatml",
-        packages=tuple(parts), gguf_file="fake.gguf", size=len(whole),
-        sha256=sha256 or hashlib.sha256(whole).hexdigest(), vocab_size=10,
+        name=name,
+        title="fake",
+        role="test",
+        architecture="llama",
+        chat_template="chatml",
+        packages=tuple(parts),
+        gguf_file="fake.gguf",
+        size=len(whole),
+        sha256=sha256 or hashlib.sha256(whole).hexdigest(),
+        vocab_size=10,
         default_precision="int8",
     )
 

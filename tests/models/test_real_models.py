@@ -22,8 +22,10 @@ from specsteer.tokenizer import Message, Tokenizer
 pytestmark = pytest.mark.real_model
 
 SEA = [Message("user", "Write one sentence about the sea.")]
-TIDES = [Message("system", "You are a helpful assistant."),
-         Message("user", "Explain in two sentences why the sea has tides.")]
+TIDES = [
+    Message("system", "You are a helpful assistant."),
+    Message("user", "Explain in two sentences why the sea has tides."),
+]
 
 
 @cache
@@ -57,7 +59,7 @@ def greedy(model: OnnxModel, ids: list[int], n: int, *, stop: bool = False) -> l
 
 def teacher_forced(model: OnnxModel, ids: list[int], cont: list[int]) -> np.ndarray:
     """Logits predicting each token of `cont` after `ids`, from one multi-token append."""
-    return model.new_session().append(ids + cont)[len(ids) - 1: -1]
+    return model.new_session().append(ids + cont)[len(ids) - 1 : -1]
 
 
 def log_softmax(x: np.ndarray) -> np.ndarray:
@@ -75,26 +77,30 @@ def smollm_fp32() -> OnnxModel:
     return real_model("smollm2-135m", "fp32")
 
 
-def test_smollm_fp32_greedy_matches_transformers(smollm_fp32):
+def test_smollm_fp32_greedy_matches_transformers(smollm_fp32, monkeypatch):
     """ORT fp32 and transformers fp32 on the same dequantized weights pick the same 32 tokens."""
     torch = pytest.importorskip("torch")
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     from transformers import AutoModelForCausalLM
 
     gguf = gguf_path(get_spec("smollm2-135m"))
     if not gguf.exists():
         pytest.skip("the transformers reference needs the GGUF: specsteer models fetch")
     torch.set_num_threads(1)
-    reference = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name,
-                                                     dtype=torch.float32).eval()
+    reference = AutoModelForCausalLM.from_pretrained(
+        gguf.parent, gguf_file=gguf.name, dtype=torch.float32
+    ).eval()
     ids = smollm_fp32.tokenizer.chat_ids(TIDES)
     expected: list[int] = []
     with torch.inference_mode():
         out = reference(input_ids=torch.tensor([ids]), use_cache=True)
         for _ in range(32):
             expected.append(int(out.logits[0, -1].argmax()))
-            out = reference(input_ids=torch.tensor([[expected[-1]]]),
-                            past_key_values=out.past_key_values, use_cache=True)
+            out = reference(
+                input_ids=torch.tensor([[expected[-1]]]),
+                past_key_values=out.past_key_values,
+                use_cache=True,
+            )
     del reference
     gc.collect()
     assert greedy(smollm_fp32, ids, 32) == expected
@@ -136,8 +142,9 @@ def test_qwen_int8_session_and_text(name):
         # Multi-token appends give the same logits however the ids are split (the scoring path).
         full = model.new_session().append(ids)
         split = model.new_session()
-        rows = np.concatenate([split.append(ids[:11]), split.append(ids[11:20]),
-                               split.append(ids[20:])])
+        rows = np.concatenate(
+            [split.append(ids[:11]), split.append(ids[11:20]), split.append(ids[20:])]
+        )
         np.testing.assert_allclose(rows, full, atol=1e-3)
 
         # Token-by-token decode takes int8 MatMulNBits' single-row kernel (int8 activations,
@@ -157,8 +164,9 @@ def test_qwen_int8_session_and_text(name):
         kept.append(ids[:15])
         np.testing.assert_allclose(after, kept.append(ids[15:]), atol=1e-5)
 
-        text = model.tokenizer.decode(greedy(model, model.tokenizer.chat_ids(SEA), 48,
-                                             stop=True)).strip()
+        text = model.tokenizer.decode(
+            greedy(model, model.tokenizer.chat_ids(SEA), 48, stop=True)
+        ).strip()
         assert text and " " in text and "sea" in text.lower(), text
         ascii_share = sum(c.isascii() for c in text) / len(text)
         assert ascii_share >= 0.95, text

@@ -102,8 +102,14 @@ def _gguf_status(spec: registry.ModelSpec) -> dict[str, Any]:
         state = "yes"
     else:
         state = f"bad size ({size} B, expected {spec.size} B)"
-    return {"path": str(path), "fetched": state == "yes", "state": state, "size": size,
-            "expected_size": spec.size, "sha256": spec.sha256}
+    return {
+        "path": str(path),
+        "fetched": state == "yes",
+        "state": state,
+        "size": size,
+        "expected_size": spec.size,
+        "sha256": spec.sha256,
+    }
 
 
 def _compiled_status(spec: registry.ModelSpec) -> dict[str, dict[str, Any]]:
@@ -142,9 +148,17 @@ def list_models(
     """Every registry model: role, whether it is fetched, and its compiled precisions."""
     rows = []
     for spec in registry.registry().values():
-        rows.append({"name": spec.name, "title": spec.title, "role": spec.role,
-                     "vocab_size": spec.vocab_size, "default_precision": spec.default_precision,
-                     "gguf": _gguf_status(spec), "compiled": _compiled_status(spec)})
+        rows.append(
+            {
+                "name": spec.name,
+                "title": spec.title,
+                "role": spec.role,
+                "vocab_size": spec.vocab_size,
+                "default_precision": spec.default_precision,
+                "gguf": _gguf_status(spec),
+                "compiled": _compiled_status(spec),
+            }
+        )
     if as_json:
         typer.echo(json.dumps(rows, indent=2))
         return
@@ -160,8 +174,12 @@ def list_models(
             + ("" if c["state"] == "ok" else f"\n  ! {c['state']}")
             for p, c in row["compiled"].items()
         )
-        table.add_row(f"{row['name']}\n({row['role']})", gguf["state"],
-                      f"{_mb(gguf['expected_size'])} {gguf['sha256'][:8]}", compiled or "-")
+        table.add_row(
+            f"{row['name']}\n({row['role']})",
+            gguf["state"],
+            f"{_mb(gguf['expected_size'])} {gguf['sha256'][:8]}",
+            compiled or "-",
+        )
     Console(markup=False, highlight=False).print(table)
 
 
@@ -177,9 +195,11 @@ def verify(
     with _user_errors():
         spec = registry.get_spec(name)
         gguf = registry.gguf_path(spec)
-        precisions = [precision.value] if precision else [
-            p for p in registry.PRECISIONS if registry.compiled_dir(spec, p).is_dir()
-        ]
+        precisions = (
+            [precision.value]
+            if precision
+            else [p for p in registry.PRECISIONS if registry.compiled_dir(spec, p).is_dir()]
+        )
         if gguf.exists():
             fetch_lib.verify(spec, gguf)
             typer.echo(f"ok  GGUF  {gguf}  sha256 {spec.sha256[:12]}")
