@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable
 
 from specsteer import __version__, protocol
+from specsteer.errors import SessionError
 from specsteer.protocol import (
     CloseRequested,
     CompanionConnection,
@@ -28,6 +29,7 @@ from specsteer_companion.verifier import Verifier, VerifierSession
 
 log = logging.getLogger("specsteer_companion")
 _session_ids = itertools.count(1)
+_connection_ids = itertools.count(1)
 
 # Returns an identity (e.g. the device name) for a valid token, None to refuse.
 Authenticator = Callable[[str], "str | None"]
@@ -43,7 +45,9 @@ class CompanionEndpoint:
         base = limits or Limits()
         self.limits = Limits(
             max_message_bytes=base.max_message_bytes, max_draft=base.max_draft,
-            max_prompt_tokens=base.max_prompt_tokens, max_top_k=base.max_top_k,
+            # a session holds prompt + output in one KV cache: never advertise more than that
+            max_prompt_tokens=min(base.max_prompt_tokens, verifier.max_session_tokens),
+            max_top_k=base.max_top_k,
             vocab_size=verifier.generalist.vocab_size,
         )
         self.conn = CompanionConnection(self.limits)
@@ -63,6 +67,11 @@ class CompanionEndpoint:
         try:
             for event in self.conn.receive_frame(frame):
                 self._dispatch(event)
+        except SessionError as exc:
+            # A valid request this companion cannot serve (the session outgrew its KV cache):
+            # a limit the device hit, not a bug of ours.
+            if not self.closed:
+                self.conn.fail(ErrorCode.LIMIT_EXCEEDED, str(exc))
         except Exception as exc:  # a model or programming error: report, never crash the server
             log.exception("internal error while handling a frame")
             if not self.closed:
@@ -115,8 +124,8 @@ class CompanionEndpoint:
             if self.identity is None:
                 self.conn.fail(ErrorCode.AUTH_FAILED, "unknown or revoked device token")
                 return
-        else:
-            self.identity = hello.client_name or "anonymous"
+        else:  # open mode: client names are not identities, so quotas are per connection
+            self.identity = f"{hello.client_name or 'anonymous'}#{next(_connection_ids)}"
         g = self.verifier.generalist
         s = self.verifier.specialist
         if hello.generalist_sha256 and hello.generalist_sha256 != g.sha256:
@@ -128,24 +137,38 @@ class CompanionEndpoint:
             held = f"{s.name} {s.sha256[:12]}" if s is not None else "none"
             self.conn.fail(ErrorCode.MODEL_MISMATCH,
                            f"the device's Specialist {hello.specialist_sha256[:12]} is not the "
-                           f"companion's generic Specialist ({held}); both must be the same artifact")
+                           f"companion's generic Specialist ({held}); "
+                           "both must be the same artifact")
             return
         self.conn.accept_hello(
             companion_version=__version__, generalist_sha256=g.sha256,
-            specialist_sha256=s.sha256 if s is not None else "", vocab_size=g.vocab_size,
+            specialist_sha256=s.sha256 if s is not None else "",
+            # the device's ids are Specialist ids; they are the Generalist's only on one tokenizer
+            vocab_size=s.vocab_size if s is not None
+            and s.tokenizer.vocab_hash != g.tokenizer.vocab_hash else g.vocab_size,
         )
 
     def _open(self, request: protocol.OpenSession) -> None:
         self._end_session()
+        if not request.prompt_ids:  # the verifier needs a position to predict from
+            self.conn.fail(ErrorCode.BAD_VALUE, "the prompt is empty")
+            return
         if self.on_session is not None and not self.on_session(self.identity or "", True):
             self.conn.fail(ErrorCode.SESSION_LIMIT, "too many open sessions")
             return
         try:
             self.session = self.verifier.open(request)
-        except ValueError as exc:
+        except Exception as exc:
+            # The quota slot taken above is held by no session: give it back on *any* failure,
+            # or a few unservable OpenSessions would lock the identity (or everyone) out.
             if self.on_session is not None:
                 self.on_session(self.identity or "", False)
-            self.conn.fail(ErrorCode.UNSUPPORTED, str(exc))
+            if isinstance(exc, SessionError):  # the prompt does not fit the KV cache
+                self.conn.fail(ErrorCode.LIMIT_EXCEEDED, f"cannot open the session: {exc}")
+            elif isinstance(exc, ValueError):
+                self.conn.fail(ErrorCode.UNSUPPORTED, str(exc))
+            else:
+                raise
             return
         self.conn.session_opened(next(_session_ids), len(request.prompt_ids))
 

@@ -151,8 +151,12 @@ class Client:
         else:
             channel = self.companion()
         link = CompanionLink(channel, timeout=self.timeout_s, tap=self.tap, stats=stats)
-        link.hello(generalist_sha256=self.generalist_sha256,
-                   specialist_sha256=self.specialist.sha256, auth_token=self.token)
+        try:
+            link.hello(generalist_sha256=self.generalist_sha256,
+                       specialist_sha256=self.specialist.sha256, auth_token=self.token)
+        except BaseException:  # refused or timed out: nobody else holds the link to close it
+            link.close()
+            raise
         return link
 
     # -- generation ------------------------------------------------------------------------

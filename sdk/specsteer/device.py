@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -240,6 +241,7 @@ def decode(
             delay = min(delay * 2, policy.max_retry_s)
 
     remote: Iterator[tuple[int, str]] | None = None
+    probe: Future[CompanionLink] | None = None
     try:
         if collaborative:
             try:
@@ -272,16 +274,22 @@ def decode(
                 if token in eos:
                     return
                 continue
-            if collaborative and connect is not None and time.monotonic() >= next_retry:
-                try:
-                    remote = remote_from(_connect(connect))
-                    stats.reconnects += 1
-                    if on_mode is not None:
-                        on_mode(ModeChange("collaborative", len(out), "companion reachable again"))
-                    continue
-                except _LINK_ERRORS:
-                    retry_in = min(retry_in * 2, policy.max_retry_s)
-                    next_retry = time.monotonic() + retry_in
+            if collaborative and connect is not None:
+                # probe in the background so a stalled companion never freezes the stream
+                if probe is None and time.monotonic() >= next_retry:
+                    probe = _prober().submit(_connect, connect)
+                elif probe is not None and probe.done():
+                    finished, probe = probe, None
+                    try:
+                        remote = remote_from(finished.result())
+                    except _LINK_ERRORS:
+                        retry_in = min(retry_in * 2, policy.max_retry_s)
+                        next_retry = time.monotonic() + retry_in
+                    else:
+                        stats.reconnects += 1
+                        if on_mode is not None:
+                            on_mode(ModeChange("collaborative", len(out), "companion is back"))
+                        continue
             t0 = time.perf_counter()
             token = _choose(local.row, params.temperature, rng)
             if token not in eos:
@@ -293,7 +301,25 @@ def decode(
                 return
     finally:
         drop(remote)
+        if probe is not None:  # a late reconnect nobody will use: close it when it lands
+            probe.add_done_callback(_close_quietly)
         local.session.close()
+
+
+_PROBER: ThreadPoolExecutor | None = None
+
+
+def _prober() -> ThreadPoolExecutor:
+    """One shared background thread for reconnect probes (they are rare and short)."""
+    global _PROBER
+    if _PROBER is None:
+        _PROBER = ThreadPoolExecutor(max_workers=2, thread_name_prefix="specsteer-reconnect")
+    return _PROBER
+
+
+def _close_quietly(future: Future[CompanionLink]) -> None:
+    if not future.cancelled() and future.exception() is None:
+        future.result().close()
 
 
 def _connect(connect: Callable[[], CompanionLink] | None) -> CompanionLink:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from specsteer import protocol
@@ -86,46 +88,43 @@ def test_canary_over_tls(tiny_model, tiny_generalist, store, tmp_path):
             untrusting.generate("Team offsite", max_new_tokens=4, offline="fail")
 
 
-def test_session_quota_per_identity(tiny_model, tiny_generalist, store):
+def test_session_quota_per_identity(tiny_model, tiny_generalist, store, tokens):
     from specsteer.link import CompanionLink
     from specsteer.transport import WebSocketChannel
 
+    issued = tokens.create("carol-tablet")
     server = CompanionServer(
-        Verifier(tiny_generalist, tiny_model), ServerConfig(port=0, max_sessions_per_identity=2)
+        Verifier(tiny_generalist, tiny_model),
+        ServerConfig(port=0, max_sessions_per_identity=2),
+        authenticate=_auth(tokens),
     )
+    session = dict(mode=protocol.Mode.SPECSTEER, gamma=0.5, alpha=1.0, top_k=8, temperature=0.0,
+                   seed=0, select=protocol.Select.TOP_LOGP_G, s0_on_device=False)
     with server.running() as url:
         links = []
         for _ in range(2):
             link = CompanionLink(WebSocketChannel(url))
-            link.hello(client_name="same-device")
-            link.open(
-                [1, 2, 3],
-                mode=protocol.Mode.SPECSTEER,
-                gamma=0.5,
-                alpha=1.0,
-                top_k=8,
-                temperature=0.0,
-                seed=0,
-                select=protocol.Select.TOP_LOGP_G,
-                s0_on_device=False,
-            )
+            link.hello(auth_token=issued.secret)
+            link.open([1, 2, 3], **session)
             links.append(link)
         third = CompanionLink(WebSocketChannel(url))
-        third.hello(client_name="same-device")
+        third.hello(auth_token=issued.secret)
         with pytest.raises(CompanionError) as info:
-            third.open(
-                [1, 2, 3],
-                mode=protocol.Mode.SPECSTEER,
-                gamma=0.5,
-                alpha=1.0,
-                top_k=8,
-                temperature=0.0,
-                seed=0,
-                select=protocol.Select.TOP_LOGP_G,
-                s0_on_device=False,
-            )
+            third.open([1, 2, 3], **session)
         assert info.value.code == ErrorCode.SESSION_LIMIT
         links[0].close()
-        # a freed slot can be used again
-        again = Client(tiny_model, history=store, companion=url)
+        time.sleep(0.2)  # the server notices the close
+        again = Client(tiny_model, history=store, companion=url, token=issued.secret)
         assert not again.generate("Team offsite", max_new_tokens=4, offline="fail").stats.degraded
+        # open mode: client names are not identities, so many SDK devices can share a companion
+    open_server = CompanionServer(Verifier(tiny_generalist, tiny_model),
+                                  ServerConfig(port=0, max_sessions_per_identity=1))
+    with open_server.running() as url:
+        held = []
+        for _ in range(3):
+            link = CompanionLink(WebSocketChannel(url))
+            link.hello(client_name="specsteer-python")
+            link.open([1, 2, 3], **session)
+            held.append(link)
+        for link in held:
+            link.close()

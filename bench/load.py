@@ -1,0 +1,356 @@
+"""Load benchmark: N simulated devices against one companion process.
+
+The companion is a real `specsteer-companion serve` subprocess (tiny models by default,
+`--generalist/--specialist` for compiled registry models). One real `Client` first records a few
+generations through a frame tap: every request frame, the replies it got, and the device's own
+time between a reply and its next request (drafting, fusing). Then for each N (1, 4, 8, 16
+by default) N simulated devices replay those conversations concurrently, each over its own
+websocket (`specsteer.transport.WebSocketChannel`, the SDK's channel) and under its own client
+name (the companion's session quota is per identity). Devices sleep the recorded device time
+between rounds (`--no-pacing` hammers instead), so the companion sees the request pattern of
+real devices without this box spending CPU on their Specialists. Greedy decoding makes every
+reply reproducible: a reply that differs from the recorded one counts as an error, like a
+refused or dropped request.
+
+Reported per N: aggregate generated tokens/s (tokens of the replayed generations / wall time),
+rounds/s, p50/p99 round latency (Draft -> Verdict or RowRequest -> RowReply, timed around the
+channel on the device), p50 session-open latency, the CPU the companion process used (cores, to
+tell a saturated companion from an idle one), and errors (must be 0).
+
+    python bench/load.py --devices 1 4 8 16 --generations 6 --json bench-load.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+from rich.console import Console
+from rich.table import Table
+
+from specsteer import protocol
+from specsteer.client import Client
+from specsteer.errors import SpecSteerError
+from specsteer.history import HistoryStore
+from specsteer.runtime import load_model
+from specsteer.transport import WebSocketChannel
+
+QUERIES = [
+    "Budget for the next quarter",
+    "Meeting notes and the revised draft",
+    "Questions about the slides",
+    "Review of pull request 42",
+]
+HISTORY = [
+    ("Budget for the next quarter", "Dear team, the budget for the next quarter stays as it is."),
+    ("Meeting notes", "Thank you for the meeting notes, I will send the revised draft by Friday."),
+    ("Slides", "Please find attached the slides; let me know if you have questions."),
+]
+ROUND_TYPES = (protocol.Draft, protocol.RowRequest)
+REPLY_TIMEOUT_S = 60.0
+
+
+@dataclass
+class Step:
+    """One request of a recorded conversation: the frame, its replies, the device time before."""
+
+    frame: bytes
+    replies: list[bytes]
+    think_s: float  # device time between the previous reply and this request
+
+
+@dataclass
+class Trace:
+    steps: list[Step]
+    tokens: int
+
+
+@dataclass
+class Level:
+    """What N concurrent devices got."""
+
+    devices: int
+    generations: int
+    tokens: int
+    wall_s: float
+    tokens_per_s: float
+    rounds: int
+    rounds_per_s: float
+    round_p50_ms: float
+    round_p99_ms: float
+    round_mean_ms: float
+    open_p50_ms: float
+    companion_cpu: float | None  # cores the companion process used on average (None: no /proc)
+    errors: int
+    error_samples: list[str] = field(default_factory=list)
+
+
+def start_companion(args: argparse.Namespace) -> tuple[subprocess.Popen[str], str]:
+    """The companion as its own process, so its event loop shares no GIL with the devices."""
+    cmd = [
+        sys.executable,
+        "-m",
+        "specsteer_companion.cli",
+        "serve",
+        "--generalist",
+        args.generalist,
+        "--specialist",
+        args.specialist,
+        "--precision",
+        args.precision,
+        "--port",
+        "0",
+        "--open",
+        "--workers",
+        str(args.workers),
+        "--threads",
+        str(args.threads),
+    ]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        if found := re.search(r"companion ready: (ws://\S+)", line):
+            return proc, found.group(1)
+    raise RuntimeError(f"the companion did not start: {' '.join(cmd)}")
+
+
+def record(client: Client, query: str, params: dict) -> Trace:
+    """One real generation through the tap: requests, replies and device time between them."""
+    events: list[tuple[float, str, bytes]] = []
+    client.tap = lambda direction, frame: events.append((time.perf_counter(), direction, frame))
+    try:
+        result = client.generate(query, offline="fail", **params)
+    finally:
+        client.tap = None
+    steps: list[Step] = []
+    last_reply_at: float | None = None
+    for stamp, direction, frame in events:
+        if direction == "up":
+            think = 0.0 if last_reply_at is None else max(0.0, stamp - last_reply_at)
+            steps.append(Step(frame, [], think))
+        else:
+            steps[-1].replies.append(frame)
+            last_reply_at = stamp
+    return Trace(steps, len(result.tokens))
+
+
+def _same(recorded: bytes, got: bytes) -> bool:
+    """Replies are reproducible except the session id, which the companion numbers itself."""
+    a, b = protocol.decode(recorded, protocol.Limits()), protocol.decode(got, protocol.Limits())
+    if isinstance(a, protocol.SessionOpened) and isinstance(b, protocol.SessionOpened):
+        return a.prompt_length == b.prompt_length
+    return a == b
+
+
+def replay(
+    url: str, trace: Trace, name: str, pacing: bool, rounds_ms: list[float], opens_ms: list[float]
+) -> None:
+    """One simulated device: the recorded conversation, timed request by request."""
+    channel = WebSocketChannel(url, open_timeout=REPLY_TIMEOUT_S)
+    try:
+        for step in trace.steps:
+            message = protocol.decode(step.frame, protocol.Limits())
+            frame = step.frame
+            if isinstance(message, protocol.Hello):  # each device is its own identity
+                frame = protocol.encode(
+                    protocol.Hello(
+                        message.generalist_sha256,
+                        message.specialist_sha256,
+                        message.auth_token,
+                        name,
+                    )
+                )
+            if pacing and step.think_s:
+                time.sleep(step.think_s)
+            started = time.perf_counter()
+            channel.send(frame)
+            for expected in step.replies:
+                got = channel.recv(REPLY_TIMEOUT_S)
+                if not _same(expected, got):
+                    raise SpecSteerError(
+                        f"{type(message).__name__}: reply differs from the "
+                        f"recorded one: {protocol.decode(got, protocol.Limits())}"
+                    )
+            elapsed_ms = (time.perf_counter() - started) * 1e3
+            if isinstance(message, ROUND_TYPES):
+                rounds_ms.append(elapsed_ms)
+            elif isinstance(message, protocol.OpenSession):
+                opens_ms.append(elapsed_ms)
+    finally:
+        channel.close()
+
+
+def cpu_seconds(pid: int) -> float | None:
+    """User + system CPU time of a process (Linux /proc), to see whether the companion saturates."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def run_level(
+    url: str, traces: list[Trace], devices: int, generations: int, pacing: bool, companion_pid: int
+) -> Level:
+    rounds_ms: list[float] = []
+    opens_ms: list[float] = []
+    errors: list[str] = []
+    tokens = [0] * devices
+    start = threading.Barrier(devices + 1)
+
+    def device(number: int) -> None:
+        start.wait()
+        for g in range(generations):
+            trace = traces[(number + g) % len(traces)]
+            try:
+                replay(url, trace, f"load-device-{number}", pacing, rounds_ms, opens_ms)
+                tokens[number] += trace.tokens
+            except (SpecSteerError, OSError) as exc:
+                errors.append(f"device {number}: {type(exc).__name__}: {exc}")
+
+    threads = [threading.Thread(target=device, args=(n,)) for n in range(devices)]
+    for thread in threads:
+        thread.start()
+    start.wait()
+    began, cpu_before = time.perf_counter(), cpu_seconds(companion_pid)
+    for thread in threads:
+        thread.join()
+    wall, cpu_after = time.perf_counter() - began, cpu_seconds(companion_pid)
+    cpu = None if cpu_before is None or cpu_after is None else (cpu_after - cpu_before) / wall
+    rounds = np.asarray(rounds_ms) if rounds_ms else np.zeros(1)
+    return Level(
+        devices=devices,
+        generations=devices * generations,
+        tokens=sum(tokens),
+        wall_s=wall,
+        tokens_per_s=sum(tokens) / wall,
+        rounds=len(rounds_ms),
+        rounds_per_s=len(rounds_ms) / wall,
+        round_p50_ms=float(np.percentile(rounds, 50)),
+        round_p99_ms=float(np.percentile(rounds, 99)),
+        round_mean_ms=float(rounds.mean()),
+        open_p50_ms=statistics.median(opens_ms) if opens_ms else 0.0,
+        companion_cpu=cpu,
+        errors=len(errors),
+        error_samples=errors[:5],
+    )
+
+
+def table(levels: list[Level], title: str) -> Table:
+    out = Table(title=title)
+    for name in [
+        "devices",
+        "generations",
+        "tokens/s",
+        "rounds/s",
+        "round p50 ms",
+        "round p99 ms",
+        "p50 vs 1 device",
+        "open p50 ms",
+        "companion CPU",
+        "errors",
+    ]:
+        out.add_column(name, justify="right")
+    base = levels[0].round_p50_ms or 1.0
+    for lv in levels:
+        out.add_row(
+            str(lv.devices),
+            str(lv.generations),
+            f"{lv.tokens_per_s:.0f}",
+            f"{lv.rounds_per_s:.0f}",
+            f"{lv.round_p50_ms:.1f}",
+            f"{lv.round_p99_ms:.1f}",
+            f"{lv.round_p50_ms / base:.1f}x",
+            f"{lv.open_p50_ms:.1f}",
+            "-" if lv.companion_cpu is None else f"{lv.companion_cpu:.2f} cores",
+            str(lv.errors),
+        )
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--generalist", help="registry name or compiled folder (default: tiny seed 1)")
+    ap.add_argument("--specialist", help="registry name or compiled folder (default: tiny seed 0)")
+    ap.add_argument("--precision", default="int8", help="precision of registry models")
+    ap.add_argument("--devices", type=int, nargs="+", default=[1, 4, 8, 16])
+    ap.add_argument("--generations", type=int, default=6, help="per device and level")
+    ap.add_argument("--max-new-tokens", type=int, default=48)
+    ap.add_argument("--method", default="specsteer")
+    ap.add_argument("--workers", type=int, default=2, help="companion verify threads")
+    ap.add_argument("--threads", type=int, default=1, help="threads per companion model")
+    ap.add_argument(
+        "--no-pacing",
+        action="store_true",
+        help="send each request as soon as the previous reply arrived",
+    )
+    ap.add_argument("--json", type=Path, help="write the results here")
+    args = ap.parse_args()
+    if args.generalist is None or args.specialist is None:
+        from specsteer.models.tiny import tiny_model_dir
+
+        args.generalist = args.generalist or str(tiny_model_dir("llama", seed=1))
+        args.specialist = args.specialist or str(tiny_model_dir("llama", seed=0))
+    console = Console(width=140)
+    proc, url = start_companion(args)
+    try:
+        store = HistoryStore(memory=True)
+        for title, body in HISTORY:
+            store.add(kind="email", title=title, body=body)
+        client = Client(
+            load_model(args.specialist, precision=args.precision), history=store, companion=url
+        )
+        params = {"method": args.method, "max_new_tokens": args.max_new_tokens}
+        traces = [record(client, query, params) for query in QUERIES]
+        levels = []
+        for n in args.devices:
+            levels.append(run_level(url, traces, n, args.generations, not args.no_pacing, proc.pid))
+            console.print(
+                f"N={n}: {levels[-1].tokens_per_s:.0f} tok/s, "
+                f"p50 {levels[-1].round_p50_ms:.1f} ms, errors {levels[-1].errors}"
+            )
+    finally:
+        proc.terminate()
+        proc.wait(10)
+    rounds = sum(
+        sum(isinstance(protocol.decode(s.frame, protocol.Limits()), ROUND_TYPES) for s in t.steps)
+        for t in traces
+    )
+    title = (
+        f"{Path(args.generalist).name} + {Path(args.specialist).name}, {args.method}, "
+        f"{args.max_new_tokens} new tokens, {args.workers} workers, "
+        f"{'paced' if not args.no_pacing else 'unpaced'}; traces: "
+        f"{sum(t.tokens for t in traces)} tokens in {rounds} rounds"
+    )
+    console.print(table(levels, title))
+    for lv in levels:
+        for sample in lv.error_samples:
+            console.print(f"[red]{sample}")
+    if args.json:
+        args.json.write_text(
+            json.dumps(
+                {
+                    "config": {k: v for k, v in vars(args).items() if k != "json"},
+                    "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
+                    "levels": [asdict(lv) for lv in levels],
+                },
+                indent=2,
+            )
+        )
+    if any(lv.errors for lv in levels):
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()
