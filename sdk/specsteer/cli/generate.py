@@ -141,6 +141,9 @@ def register(app: typer.Typer) -> None:
             str, typer.Option(help="default (gamma 0.5) | fast (0.1) | strict")
         ] = "default",
         max_new_tokens: Annotated[int, typer.Option()] = 96,
+        max_prompt_tokens: Annotated[
+            int, typer.Option(help="Private prompt budget: its prefill is the slow part on a CPU")
+        ] = 640,
     ) -> None:
         """The main job: a real email in a sender's voice via SDK + companion on real models."""
         from specsteer import demo as demo_lib
@@ -153,7 +156,9 @@ def register(app: typer.Typer) -> None:
             say("starting the companion (loads the Generalist and the generic Specialist)...")
             proc, url = demo_lib.start_companion(generalist, specialist, precision)
             try:
-                client = Client(specialist, history=store, companion=url)
+                client = Client(
+                    specialist, history=store, companion=url, max_prompt_tokens=max_prompt_tokens
+                )
                 console.print(
                     f"[bold]Subject:[/bold] {shared.query.get('subject')}  "
                     f"[dim](newsgroup {shared.query.get('newsgroup', '?')})[/dim]"
