@@ -35,6 +35,9 @@ class LocalChannel:
             return self._inbox.popleft()
         raise CompanionUnavailable("the in-process companion sent nothing (connection closed)")
 
+    def poll(self) -> bytes | None:
+        return self._inbox.popleft() if self._inbox else None
+
     def close(self) -> None:
         self.closed = True
         self.endpoint.release()

@@ -393,7 +393,10 @@ def _remote_tokens(
                 next_budget = _budget(params, produced + len(draft) + 1)
                 if guess not in eos and next_budget > 0:
                     local.push(guess)
-                    ahead = _draft(local, next_budget, params.temperature, rng, eos)
+                    # stop betting as soon as the verdict is in: waiting on it is the hot path
+                    ahead = _draft(
+                        local, next_budget, params.temperature, rng, eos, stop=link.reply_ready
+                    )
             stats.device_s += time.perf_counter() - t0
             verdict = link.wait_verdict()
             t1 = time.perf_counter()
@@ -456,10 +459,17 @@ def _budget(params: Params, produced: int) -> int:
 
 
 def _draft(
-    local: _Local, k: int, temperature: float, rng: np.random.Generator | None, eos: frozenset[int]
+    local: _Local,
+    k: int,
+    temperature: float,
+    rng: np.random.Generator | None,
+    eos: frozenset[int],
+    stop: Callable[[], bool] | None = None,
 ) -> _Drafted:
     drafted = _Drafted(local.session.length, [], [local.row])
     for _ in range(k):
+        if stop is not None and drafted.tokens and stop():
+            break
         token = _choose(drafted.rows[-1], temperature, rng)
         drafted.tokens.append(token)
         if token in eos:  # an end-of-text draft is not appended: nothing follows it

@@ -42,6 +42,12 @@ class FrameChannel(Protocol):
     def close(self) -> None: ...
 
 
+class PollableChannel(FrameChannel, Protocol):
+    """A channel that can say, without blocking, whether a frame has arrived (optional)."""
+
+    def poll(self) -> bytes | None: ...
+
+
 FrameTap = Callable[[str, bytes], None]  # ("up" | "down", frame): sees every frame, for audits
 
 
@@ -74,6 +80,7 @@ class CompanionLink:
         self.conn = DeviceConnection()
         self.stats = stats if stats is not None else LinkStats()  # shared across reconnects
         self.hello_ok: HelloOk | None = None
+        self._early: list[bytes] = []  # frames taken by `reply_ready` before anyone waited
 
     def _flush(self) -> None:
         for frame in self.conn.data_to_send():
@@ -91,7 +98,7 @@ class CompanionLink:
         started = time.perf_counter()
         try:
             while True:
-                frame = self.channel.recv(self.timeout)
+                frame = self._early.pop(0) if self._early else self.channel.recv(self.timeout)
                 if self.tap is not None:
                     self.tap("down", frame)
                 self.stats.bytes_down += len(frame)
@@ -178,6 +185,15 @@ class CompanionLink:
         """Send a draft without waiting, so the device can work while it is verified."""
         self.conn.send_draft(list(draft), committed_ids=list(committed), logp_s0=logp_s0)
         self._flush()
+
+    def reply_ready(self) -> bool:
+        """True once a reply has arrived (never blocks; False if the channel cannot tell)."""
+        if not self._early:
+            poll = getattr(self.channel, "poll", None)
+            frame = poll() if poll is not None else None
+            if frame is not None:
+                self._early.append(frame)
+        return bool(self._early)
 
     def wait_verdict(self) -> Verdict:
         event = self._wait(VerdictReceived)

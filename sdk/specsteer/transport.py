@@ -64,6 +64,15 @@ class WebSocketChannel:
             raise ProtocolError(ErrorCode.BAD_FRAME, "the companion sent a text frame")
         return data
 
+    def poll(self) -> bytes | None:
+        """A frame if one has arrived, else None, without waiting."""
+        try:
+            return self.recv(0)
+        except CompanionUnavailable as exc:
+            if isinstance(exc.__cause__, TimeoutError):
+                return None
+            raise
+
     def close(self) -> None:
         with contextlib.suppress(Exception):  # closing a broken socket must not raise
             self._connect.__exit__(None, None, None)
@@ -82,6 +91,9 @@ class LatencyChannel:
     def recv(self, timeout: float) -> bytes:
         time.sleep(self.rtt_s)
         return self.inner.recv(timeout)
+
+    def poll(self) -> bytes | None:
+        return None  # an emulated round trip is only paid by a blocking wait
 
     def close(self) -> None:
         self.inner.close()
