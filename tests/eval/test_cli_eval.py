@@ -50,11 +50,13 @@ def test_eval_writes_results_report_and_plot_then_resumes(app, tmp_path):
     assert (out / "quality_vs_speed.png").read_bytes()[:4] == b"\x89PNG"
     assert json.loads((out / "run.json").read_text())["max_new_tokens"] == 5
     assert "| SLM | 2 |" in result.stdout
+    assert "[6/6] B7BOOKS · specsteer@0.5" in result.output and "ETA" in result.output
 
     again = runner.invoke(app, _args(out, "slm", "llm", "specsteer@0.5", "costeer"))
     assert again.exit_code == 0, again.output
     rows = (out / "results.jsonl").read_text().splitlines()
     assert len(rows) == 8  # only the two costeer rows were added
+    assert "[8/8] B7BOOKS · costeer" in again.output and "[7/8]" in again.output
     assert "| CoSteer | 2 |" in (out / "report.md").read_text()
 
 

@@ -8,6 +8,7 @@ Errors a user can act on become one red line and exit code 1.
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Annotated
 
@@ -59,6 +60,9 @@ def eval_command(
     draft_k: Annotated[int, typer.Option(min=1, help="Tokens drafted per SpecSteer round.")] = 4,
     alpha: Annotated[float, typer.Option(help="Steering strength of the private term.")] = 1.0,
     threads: Annotated[int, typer.Option(min=1, help="ONNX Runtime threads per model.")] = 1,
+    pipeline: Annotated[bool, typer.Option(
+        help="Draft the next round while the companion verifies. Off: the in-process companion "
+             "runs in between, so it would only add lost bets' drafting to the time.")] = False,
     out: Annotated[Path, typer.Option(help="Results folder (resumed when it exists).")
                    ] = Path("eval-results"),
 ) -> None:
@@ -78,7 +82,7 @@ def eval_command(
         specs = harness_lib.parse_methods([*(methods or DEFAULT_METHODS), *(more_methods or [])])
         config = EvalConfig(task=task, max_new_tokens=max_new_tokens, retrieve_k=retrieve_k,
                             rtt_ms=rtt_ms, max_prompt_tokens=max_prompt_tokens, draft_k=draft_k,
-                            alpha=alpha)
+                            alpha=alpha, pipeline=pipeline)
         examples = data_lib.load_examples(task, data, users)
         err.print(f"{len(examples)} users × {len(specs)} methods; loading {specialist} and "
                   f"{generalist}", style="dim", markup=False)
@@ -95,11 +99,21 @@ def eval_command(
         with Progress(*columns, console=err, transient=False) as bar:
             job = bar.add_task("evaluating", total=len(planned), completed=already)
 
+            started, fresh = time.monotonic(), [0]
+
             def advance(example: data_lib.Example, spec: harness_lib.MethodSpec,
                         row: dict | None) -> None:
                 if row is None:
                     return  # counted in `already`
                 bar.update(job, advance=1, description=f"{example.user[:24]} · {spec.label}")
+                fresh[0] += 1
+                if not err.is_terminal:  # logs get one line per generation instead of a bar
+                    spent = time.monotonic() - started
+                    left = len(planned) - already - fresh[0]
+                    err.print(f"[{already + fresh[0]}/{len(planned)}] {example.user} · "
+                              f"{spec.label}: {row['tokens']} tokens, ROUGE-L "
+                              f"{row['rougeL'] * 100:.1f}, elapsed {spent:.0f} s, ETA "
+                              f"{spent / fresh[0] * left:.0f} s", markup=False)
 
             for _ in harness_lib.run_eval(harness, examples, specs, results, progress=advance):
                 pass

@@ -6,7 +6,9 @@ and runs each selected method with `device.decode`. Collaborative methods talk t
 companion (`LocalChannel`: the same frames as the network), so bytes and round trips are those a
 deployment would pay; an optional emulated round-trip time is slept on every companion reply.
 Rows go to `results.jsonl` one by one, so an interrupted run resumes where it stopped.
-It must not change how any method decodes: it only calls `decode` and measures.
+It must not change what any method outputs: it calls `decode` and measures (pipelined drafting
+is off by default and the LLM baseline's unused device session gets the public prompt, neither of
+which changes a token).
 """
 
 from __future__ import annotations
@@ -101,30 +103,46 @@ class EvalConfig:
     alpha: float = 1.0
     top_k: int = 64  # sparse candidates per recovery / row
     costeer_iterations: int = 20
+    # Drafting the next round while the companion verifies only pays when the two run at the
+    # same time; the in-process companion runs in between, so here it would only add the lost
+    # bets' drafting to SpecSteer's and speculative decoding's time. Output is the same.
+    pipeline: bool = False
 
     def params(self, spec: MethodSpec) -> Params:
         return Params(method=spec.method, gamma=spec.gamma, alpha=self.alpha, k=self.draft_k,
                       top_k=self.top_k, max_new_tokens=self.max_new_tokens,
-                      costeer_iterations=self.costeer_iterations)
+                      costeer_iterations=self.costeer_iterations, pipeline=self.pipeline)
 
 
-class DelayedChannel:
-    """A FrameChannel that sleeps `rtt_ms` before each reply: an emulated network round trip.
+class MeteredChannel:
+    """A FrameChannel that times the companion as the device sees it, plus an emulated RTT.
 
-    Every request of the protocol gets exactly one reply frame, so per-token methods pay the
-    RTT once per token and SpecSteer once per round, as over a real link.
+    The in-process companion computes inside `send`, a networked one before `recv` returns, so
+    both are timed. `rtt_ms` is slept before each reply: every protocol request gets exactly one
+    reply frame, so per-token methods pay the RTT once per token and SpecSteer once per round,
+    as over a real link.
     """
 
-    def __init__(self, inner: FrameChannel, rtt_ms: float) -> None:
+    def __init__(self, inner: FrameChannel, rtt_ms: float = 0.0) -> None:
         self.inner = inner
         self.delay_s = rtt_ms / 1000.0
+        self.busy_s = 0.0  # companion compute + emulated network, as waited for by the device
 
     def send(self, frame: bytes) -> None:
-        self.inner.send(frame)
+        started = time.perf_counter()
+        try:
+            self.inner.send(frame)
+        finally:
+            self.busy_s += time.perf_counter() - started
 
     def recv(self, timeout: float) -> bytes:
-        time.sleep(self.delay_s)
-        return self.inner.recv(timeout)
+        started = time.perf_counter()
+        try:
+            if self.delay_s > 0:
+                time.sleep(self.delay_s)
+            return self.inner.recv(timeout)
+        finally:
+            self.busy_s += time.perf_counter() - started
 
     def close(self) -> None:
         self.inner.close()
@@ -177,14 +195,12 @@ class Harness:
         return Prepared(DevicePrompt(private_ids=ids(True), public_ids=ids(False)),
                         prompt.records, prompt.truncated)
 
-    def _link(self) -> CompanionLink:
-        channel: FrameChannel = LocalChannel.for_verifier(self.verifier)
-        if self.config.rtt_ms > 0:
-            channel = DelayedChannel(channel, self.config.rtt_ms)
+    def _link(self) -> tuple[CompanionLink, MeteredChannel]:
+        channel = MeteredChannel(LocalChannel.for_verifier(self.verifier), self.config.rtt_ms)
         link = CompanionLink(channel)
         link.hello(generalist_sha256=self.generalist.sha256,
                    specialist_sha256=self.specialist.sha256)
-        return link
+        return link, channel
 
     def run(self, example: Example, prepared: Prepared, spec: MethodSpec) -> dict[str, Any]:
         """One generation of `spec` on `example`, measured; returns a results row."""
@@ -192,18 +208,22 @@ class Harness:
         prompt = prepared.device
         if spec.method == "llm":  # the baseline never uses c; keep the device's shadow work small
             prompt = DevicePrompt(private_ids=prompt.public_ids, public_ids=prompt.public_ids)
-        link = self._link() if spec.collaborative else None
+        link, channel = self._link() if spec.collaborative else (None, None)
         up0 = link.stats.bytes_up if link else 0  # the handshake is per connection, not per text
         down0 = link.stats.bytes_down if link else 0
         requests0 = link.stats.requests if link else 0
+        busy0 = channel.busy_s if channel else 0.0
         stats = DecodeStats()
         started = time.perf_counter()
         try:
-            tokens = [event.token for event in decode(self.specialist, prompt, params, link, stats)]
+            # offline="fail": a companion fault must fail the row, not turn it into a local one
+            tokens = [event.token for event in
+                      decode(self.specialist, prompt, params, link, stats, offline="fail")]
             wall = time.perf_counter() - started
             bytes_up = link.stats.bytes_up - up0 if link else 0
             bytes_down = link.stats.bytes_down - down0 if link else 0
             round_trips = link.stats.requests - requests0 if link else 0
+            companion_s = channel.busy_s - busy0 if channel else 0.0
         finally:
             if link is not None:
                 link.close()
@@ -245,7 +265,7 @@ class Harness:
             "effective_s": effective,
             "prefill_s": stats.prefill_s,
             "device_s": stats.device_s,
-            "wait_s": stats.wait_s,
+            "companion_s": companion_s,
             "degraded": stats.degraded,
             "private_prompt_tokens": len(prepared.device.private_ids),
             "public_prompt_tokens": len(prepared.device.public_ids),

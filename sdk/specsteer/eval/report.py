@@ -175,18 +175,24 @@ def plot_quality_vs_speed(rows: Sequence[Mapping[str, Any]],
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
 
     summaries = summarize(rows)
     figure, axes = plt.subplots(figsize=(6.4, 4.4), dpi=120)
-    for s in summaries:
+    for index, s in enumerate(summaries):
         if s.base_method in ("slm", "slm_rag"):
             axes.scatter(s.tokens_per_s, s.rougeL * 100, s=60, facecolors="none",
                          edgecolors="C0")
         else:
             axes.scatter(s.tokens_per_s, s.rougeL * 100, s=60,
                          color="C3" if s.base_method == "specsteer" else "C1")
+        # alternate label sides: methods often tie on one axis and labels would overlap
         axes.annotate(s.name, (s.tokens_per_s, s.rougeL * 100), textcoords="offset points",
-                      xytext=(5, 4), fontsize=8)
+                      xytext=(6, 5 if index % 2 == 0 else -11), fontsize=8)
+    speeds = [s.tokens_per_s for s in summaries if s.tokens_per_s > 0]
+    if speeds and max(speeds) > 4 * min(speeds):
+        axes.set_xscale("log")  # local and per-token methods differ by an order of magnitude
+        axes.xaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
     axes.set_xlabel("tokens / s (end to end)")
     axes.set_ylabel("ROUGE-L F1 (%)")
     axes.set_title("Quality vs speed")
