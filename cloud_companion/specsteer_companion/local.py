@@ -14,10 +14,15 @@ from specsteer_companion.verifier import Verifier
 
 
 class LocalChannel:
-    """FrameChannel that hands each frame straight to a CompanionEndpoint."""
+    """FrameChannel that hands each frame to a CompanionEndpoint in this process.
+
+    The companion's work runs when the device waits for the reply (not when it sends), so the
+    device's time accounting puts it on the companion's side, as over a network.
+    """
 
     def __init__(self, endpoint: CompanionEndpoint) -> None:
         self.endpoint = endpoint
+        self._outbox: deque[bytes] = deque()
         self._inbox: deque[bytes] = deque()
         self.closed = False
 
@@ -28,14 +33,17 @@ class LocalChannel:
     def send(self, frame: bytes) -> None:
         if self.closed or self.endpoint.closed:
             raise CompanionUnavailable("the in-process companion connection is closed")
-        self._inbox.extend(self.endpoint.handle(frame))
+        self._outbox.append(frame)
 
     def recv(self, timeout: float) -> bytes:
+        while not self._inbox and self._outbox:
+            self._inbox.extend(self.endpoint.handle(self._outbox.popleft()))
         if self._inbox:
             return self._inbox.popleft()
         raise CompanionUnavailable("the in-process companion sent nothing (connection closed)")
 
     def poll(self) -> bytes | None:
+        """Only what has already been computed: an in-process companion never works ahead."""
         return self._inbox.popleft() if self._inbox else None
 
     def close(self) -> None:

@@ -10,9 +10,10 @@ Never the private prompt, never P_Sc.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -105,15 +106,40 @@ class DevicePrompt:
 
 
 class _Local:
-    """The Specialist's session with its row for the next position."""
+    """The Specialist's session with its row for the next position.
+
+    The prompt is prefilled on first use, so a method that never needs the Specialist (the LLM
+    baseline, until the companion goes away) never pays for it.
+    """
 
     def __init__(self, model: LanguageModel, prompt: Sequence[int], max_new: int) -> None:
         self.session: Session = model.new_session(max_length=len(prompt) + max_new + 64)
-        self.row = self.session.append(list(prompt))[-1]
+        self._pending: list[int] | None = list(prompt)
+        self._row: np.ndarray | None = None
+
+    @property
+    def row(self) -> np.ndarray:
+        if self._pending is not None:
+            self._row = self.session.append(self._pending)[-1]
+            self._pending = None
+        assert self._row is not None
+        return self._row
+
+    @row.setter
+    def row(self, value: np.ndarray) -> None:
+        self._row = value
 
     def push(self, token: int) -> np.ndarray:
-        self.row = self.session.append([token])[-1]
-        return self.row
+        self.row  # noqa: B018 - prefill first if it has not happened yet
+        self._row = self.session.append([token])[-1]
+        return self._row
+
+    def resync(self, sequence: Sequence[int]) -> None:
+        """Hold exactly `sequence` again (after an interrupted round, or never prefilled)."""
+        self._pending = None
+        keep = min(self.session.length, len(sequence) - 1)
+        self.session.rewind(keep)
+        self._row = self.session.append(list(sequence[keep:]))[-1]
 
 
 def _choose(row: np.ndarray, temperature: float, rng: np.random.Generator | None) -> int:
@@ -191,6 +217,8 @@ def decode(
     private = params.method != "slm"
     prompt_ids = list(prompt.private_ids if private else prompt.public_ids)
     local = _Local(specialist, prompt_ids, params.max_new_tokens)
+    if params.method != "llm":  # the LLM baseline needs the Specialist only if it goes offline
+        local.row  # noqa: B018 - prefill now, timed as such
     stats.prefill_s += time.perf_counter() - started
     out: list[int] = []
     collaborative = params.method not in LOCAL_METHODS
@@ -262,7 +290,7 @@ def decode(
                 except _LINK_ERRORS as exc:
                     drop(remote)
                     remote = None
-                    _resync(local, [*prompt_ids, *out])
+                    local.resync([*prompt_ids, *out])
                     if policy.mode == "fail":
                         raise
                     if policy.mode == "wait":
@@ -277,7 +305,7 @@ def decode(
             if collaborative and connect is not None:
                 # probe in the background so a stalled companion never freezes the stream
                 if probe is None and time.monotonic() >= next_retry:
-                    probe = _prober().submit(_connect, connect)
+                    probe = _probe(connect)
                 elif probe is not None and probe.done():
                     finished, probe = probe, None
                     try:
@@ -306,15 +334,18 @@ def decode(
         local.session.close()
 
 
-_PROBER: ThreadPoolExecutor | None = None
+def _probe(connect: Callable[[], CompanionLink] | None) -> Future[CompanionLink]:
+    """Try `connect` on a thread of its own: a stalled companion blocks only that thread."""
+    future: Future[CompanionLink] = Future()
 
+    def run() -> None:
+        try:
+            future.set_result(_connect(connect))
+        except BaseException as exc:  # delivered to the decoding loop through the future
+            future.set_exception(exc)
 
-def _prober() -> ThreadPoolExecutor:
-    """One shared background thread for reconnect probes (they are rare and short)."""
-    global _PROBER
-    if _PROBER is None:
-        _PROBER = ThreadPoolExecutor(max_workers=2, thread_name_prefix="specsteer-reconnect")
-    return _PROBER
+    threading.Thread(target=run, name="specsteer-reconnect", daemon=True).start()
+    return future
 
 
 def _close_quietly(future: Future[CompanionLink]) -> None:
@@ -478,13 +509,6 @@ def _draft(
     return drafted
 
 
-def _resync(local: _Local, sequence: Sequence[int]) -> None:
-    """Bring the local session back to exactly `sequence` (after an interrupted round)."""
-    keep = min(local.session.length, len(sequence) - 1)
-    local.session.rewind(keep)
-    local.row = local.session.append(list(sequence[keep:]))[-1]
-
-
 def _extend(track: _Local, ids: Sequence[int]) -> np.ndarray:
     """Rows predicting each of `ids` and the position after: [len(ids)+1, V]."""
     if not ids:
@@ -502,9 +526,10 @@ def _row_tokens(
 ) -> Iterator[tuple[int, str]]:
     """Per-token baselines: LLM alone, LightCoSteer and CoSteer over the companion's top-k row."""
     committed: list[int] = []
+    needs_local = params.method != "llm"
     while True:
         t0 = time.perf_counter()
-        if committed:
+        if committed and needs_local:
             local.push(committed[-1])
         stats.device_s += time.perf_counter() - t0
         reply = link.row(committed)

@@ -50,6 +50,8 @@ WORKERS = 12
 REPLY_TIMEOUT_S = 10.0
 DEADLINE_S = 80.0  # the fuzzer stops here whatever it reached (the frame count then fails)
 LIMITS = protocol.Limits()
+# the companion advertises no more prompt tokens than a session's KV cache holds
+PROMPT_LIMIT = min(LIMITS.max_prompt_tokens, Verifier.max_session_tokens)
 KNOWN_CODES = frozenset(int(code) for code in ErrorCode)
 CONTEXT = 2048  # the tiny models' window: longer prompts are valid frames the companion refuses
 # Hostile but valid settings (temperature 1e-30, alpha 1e30) push log-probabilities past float16;
@@ -201,7 +203,11 @@ class Fuzzer:
             ),
             lambda: (
                 "count without bytes",
-                _frame(protocol.MessageType.ROW_REQUEST, _varint(rng.randrange(2, 8192)), b"\x01"),
+                _frame(
+                    protocol.MessageType.ROW_REQUEST,
+                    _varint(rng.randrange(2, PROMPT_LIMIT + 1)),
+                    b"\x01",
+                ),
                 frozenset({ErrorCode.BAD_FRAME}),
             ),
             lambda: (
