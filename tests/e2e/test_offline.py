@@ -16,13 +16,16 @@ from specsteer_companion.local import LocalChannel
 from specsteer_companion.verifier import Verifier
 
 SUBJECT = "Budget for the next quarter"
+CANARY = "PLV-CANARY-3381-avocet"
 NOW = OfflinePolicy("degrade", first_retry_s=0.0, max_retry_s=0.0)
 
 
 @pytest.fixture()
 def store() -> HistoryStore:
     history = HistoryStore(memory=True)
-    history.add(kind="email", title="Budget", body="Dear team, the budget for next quarter stays.")
+    history.add(
+        kind="email", title="Budget", body=f"Dear team, the budget for next quarter stays. {CANARY}"
+    )
     return history
 
 
@@ -79,6 +82,13 @@ def test_reconnect_resumes_collaboration_in_the_same_generation(tiny_model, tiny
     resumed_at = changes[1].tokens
     assert list(opens[1].prompt_ids) == [*opens[0].prompt_ids, *result.tokens[:resumed_at]]
     assert result.stats.bytes_up == sum(len(f) for d, f in frames if d == "up")
+    # the privacy canary holds across the reconnect too
+    assert CANARY in result.prompt.with_context
+    assert all(CANARY.encode() not in f for _, f in frames)
+    canary_ids = tiny_model.tokenizer.encode(CANARY)
+    for msg in opens:
+        ids = list(msg.prompt_ids)
+        assert all(ids[i : i + len(canary_ids)] != canary_ids for i in range(len(ids)))
 
 
 def test_wait_policy_blocks_until_the_companion_is_back(tiny_model, tiny_generalist, store):
