@@ -11,12 +11,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from specsteer import steer
 from specsteer.protocol import Mode, OpenSession, Select
 from specsteer.runtime.base import LanguageModel, Session
+
+if TYPE_CHECKING:
+    from specsteer_companion.cross import CrossVerifierSession
 
 
 @dataclass(frozen=True)
@@ -38,7 +42,13 @@ class Verifier:
     specialist: LanguageModel | None = None
     max_session_tokens: int = 4096
 
-    def open(self, request: OpenSession) -> VerifierSession:
+    def open(self, request: OpenSession) -> VerifierSession | CrossVerifierSession:
+        """A session on the token path, or on the text path when the tokenizers differ."""
+        s = self.specialist
+        if s is not None and s.tokenizer.vocab_hash != self.generalist.tokenizer.vocab_hash:
+            from specsteer_companion.cross import CrossVerifierSession  # imports this module
+
+            return CrossVerifierSession(self, request)
         return VerifierSession(self, request)
 
 
@@ -73,8 +83,14 @@ class VerifierSession:
         needs_s0 = self.mode is Mode.SPECSTEER and not request.s0_on_device
         needs_s0 |= self.mode is Mode.ROWS and request.alpha != 0.0
         if needs_s0 and verifier.specialist is None:
-            raise ValueError("this companion hosts no generic Specialist; send logp_S0 from the device")
-        self.s0 = self._track(verifier.specialist, prompt, verifier.max_session_tokens) if needs_s0 else None
+            raise ValueError(
+                "this companion hosts no generic Specialist; send logp_S0 from the device"
+            )
+        self.s0 = (
+            self._track(verifier.specialist, prompt, verifier.max_session_tokens)
+            if needs_s0
+            else None
+        )
         self.length = len(prompt)
         self.rng = np.random.default_rng(request.seed) if request.temperature > 0 else None
 
@@ -88,8 +104,12 @@ class VerifierSession:
     def _logp(self, rows: np.ndarray) -> np.ndarray:
         return steer.log_softmax(rows, self.temperature)
 
-    def verify(self, committed: Sequence[int], draft: Sequence[int],
-               logp_s0_draft: Sequence[float] | None = None) -> RoundResult:
+    def verify(
+        self,
+        committed: Sequence[int],
+        draft: Sequence[int],
+        logp_s0_draft: Sequence[float] | None = None,
+    ) -> RoundResult:
         """One Draft–Verify–Recover round (or a classic speculative round in SPECULATIVE mode)."""
         seq = [*committed, *draft]
         offset = len(committed)
@@ -112,13 +132,20 @@ class VerifierSession:
         accepted = steer.ratio_accept_count(lg_draft, ls0_draft, self.request.gamma, self.rng)
         at = offset + accepted
         if logp_s0 is None:  # P_S0 lives on the device: send top-k of logp_G, the device fuses
-            top = steer.nucleus(logp_g[at], steer.top_k_ids(logp_g[at], self.request.top_k),
-                                self.request.top_p)
+            top = steer.nucleus(
+                logp_g[at], steer.top_k_ids(logp_g[at], self.request.top_k), self.request.top_p
+            )
             result = RoundResult(accepted, top.astype(np.int32), logp_g[at, top].astype(np.float16))
         else:
             select = "difference" if self.request.select == Select.TOP_DIFFERENCE else "generalist"
-            sparse = steer.sparse_steer(logp_g[at], logp_s0[at], self.request.alpha,
-                                        self.request.top_k, select, self.request.top_p)
+            sparse = steer.sparse_steer(
+                logp_g[at],
+                logp_s0[at],
+                self.request.alpha,
+                self.request.top_k,
+                select,
+                self.request.top_p,
+            )
             result = RoundResult(accepted, sparse.ids, sparse.values)
         self._keep(offset, accepted, g_rows, s0_rows)
         return result
@@ -136,7 +163,9 @@ class VerifierSession:
         self._keep(len(committed), 0, g_rows, s0_rows)
         return RoundResult(0, top.astype(np.int32), logp_g[top].astype(np.float16), s0_values)
 
-    def _keep(self, offset: int, accepted: int, g_rows: np.ndarray, s0_rows: np.ndarray | None) -> None:
+    def _keep(
+        self, offset: int, accepted: int, g_rows: np.ndarray, s0_rows: np.ndarray | None
+    ) -> None:
         self.length += offset + accepted
         self.g.keep(self.length, g_rows[offset + accepted])
         if self.s0 is not None and s0_rows is not None:

@@ -55,7 +55,31 @@ def export_hf(gguf: Path, out: Path) -> None:
     config_path = out / "config.json"
     config = json.loads(config_path.read_text())
     config.pop("quantization_config", None)
+    _flatten_rope_parameters(config)
     config_path.write_text(json.dumps(config, indent=2))
+
+
+def _flatten_rope_parameters(config: dict) -> None:
+    """Give the builder the flat RoPE fields it reads, when transformers wrote them per layer type.
+
+    transformers >= 5 writes `rope_parameters` as {layer_type: {rope_type, rope_theta, ...}}
+    for models mixing sliding and full attention (Gemma-3); onnxruntime-genai's builder reads
+    `rope_parameters["rope_type"]` (KeyError otherwise) and the sliding layers' base as
+    `rope_local_base_freq`. The global (full-attention) entry is copied to the top of the dict,
+    the sliding one's theta added; the per-type entries stay, so nothing is lost.
+    """
+    rope = config.get("rope_parameters")
+    if not isinstance(rope, dict) or "rope_type" in rope or not rope:
+        return
+    if not all(isinstance(v, dict) for v in rope.values()):
+        return
+    full = rope.get("full_attention") or next(iter(rope.values()))
+    for key, value in full.items():
+        rope.setdefault(key, value)
+    rope.setdefault("rope_type", "default")
+    local = rope.get("sliding_attention", {}).get("rope_theta")
+    if local is not None:
+        rope.setdefault("rope_local_base_freq", local)
 
 
 def _run_step(cmd: list[str], log: Path, what: str) -> None:
@@ -76,7 +100,7 @@ def compile_model(
     force: bool = False,
     progress: Callable[[str], None] | None = None,
 ) -> Path:
-    """Compile registry model `name` at `precision` (default: the registry's choice); return the folder."""
+    """Compile registry model `name` at `precision` (default: the registry's); return the folder."""
     spec = get_spec(name)
     precision = precision or spec.default_precision
     if precision not in PRECISIONS:
@@ -88,7 +112,9 @@ def compile_model(
         return dest
     gguf = gguf_path(spec)
     if not gguf.exists():
-        raise ModelNotFetched(f"{spec.name} is not fetched; run `specsteer models fetch {spec.name}`")
+        raise ModelNotFetched(
+            f"{spec.name} is not fetched; run `specsteer models fetch {spec.name}`"
+        )
     verify(spec, gguf)
     dest.parent.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
