@@ -26,9 +26,7 @@ import argparse
 import json
 import os
 import platform
-import re
 import statistics
-import subprocess
 import sys
 import threading
 import time
@@ -45,6 +43,7 @@ from specsteer.errors import SpecSteerError
 from specsteer.history import HistoryStore
 from specsteer.runtime import load_model
 from specsteer.transport import WebSocketChannel
+from specsteer_companion.process import start_companion
 
 QUERIES = [
     "Budget for the next quarter",
@@ -94,35 +93,6 @@ class Level:
     companion_cpu: float | None  # cores the companion process used on average (None: no /proc)
     errors: int
     error_samples: list[str] = field(default_factory=list)
-
-
-def start_companion(args: argparse.Namespace) -> tuple[subprocess.Popen[str], str]:
-    """The companion as its own process, so its event loop shares no GIL with the devices."""
-    cmd = [
-        sys.executable,
-        "-m",
-        "specsteer_companion.cli",
-        "serve",
-        "--generalist",
-        args.generalist,
-        "--specialist",
-        args.specialist,
-        "--precision",
-        args.precision,
-        "--port",
-        "0",
-        "--open",
-        "--workers",
-        str(args.workers),
-        "--threads",
-        str(args.threads),
-    ]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-    assert proc.stdout is not None
-    for line in proc.stdout:
-        if found := re.search(r"companion ready: (ws://\S+)", line):
-            return proc, found.group(1)
-    raise RuntimeError(f"the companion did not start: {' '.join(cmd)}")
 
 
 def record(client: Client, query: str, params: dict) -> Trace:
@@ -303,7 +273,13 @@ def main() -> None:
         args.generalist = args.generalist or str(tiny_model_dir("llama", seed=1))
         args.specialist = args.specialist or str(tiny_model_dir("llama", seed=0))
     console = Console(width=140)
-    proc, url = start_companion(args)
+    proc, url = start_companion(
+        args.generalist,
+        args.specialist,
+        args.precision,
+        threads=args.threads,
+        workers=args.workers,
+    )
     try:
         store = HistoryStore(memory=True)
         for title, body in HISTORY:

@@ -22,8 +22,6 @@ import json
 import os
 import platform
 import statistics
-import subprocess
-import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -35,6 +33,7 @@ from rich.table import Table
 from specsteer.client import Client
 from specsteer.history import HistoryStore, load_shared_user
 from specsteer.runtime import load_model
+from specsteer_companion.process import start_companion
 
 DATA = (
     Path(__file__).resolve().parents[1]
@@ -63,42 +62,6 @@ class Row:
 def _pin(core: int) -> None:
     if hasattr(os, "sched_setaffinity") and os.cpu_count() and os.cpu_count() > core:
         os.sched_setaffinity(0, {core})
-
-
-def start_companion(
-    generalist: str, specialist: str, precision: str
-) -> tuple[subprocess.Popen, str]:
-    cmd = [
-        sys.executable,
-        "-m",
-        "specsteer_companion.cli",
-        "serve",
-        "--generalist",
-        generalist,
-        "--specialist",
-        specialist,
-        "--precision",
-        precision,
-        "--port",
-        "0",
-        "--open",
-        "--threads",
-        "1",
-        "--workers",
-        "1",
-    ]
-    proc = subprocess.Popen(
-        cmd,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        preexec_fn=lambda: _pin(COMPANION_CORE),
-    )
-    assert proc.stdout is not None
-    for line in proc.stdout:
-        if line.startswith("companion ready:"):
-            return proc, line.split()[2]
-    raise RuntimeError("companion did not start")
 
 
 def timed_stream(client: Client, query: dict, task: str, **params) -> tuple[list[float], object]:
@@ -192,7 +155,9 @@ def main() -> None:
         "specsteer g=0.1 K=6": dict(gamma=0.1, k=6),
         "specsteer g=0.1 top_p=0.9": dict(gamma=0.1, top_p=0.9),
     }
-    proc, url = start_companion(args.generalist, args.specialist, args.precision)
+    proc, url = start_companion(
+        args.generalist, args.specialist, args.precision, core=COMPANION_CORE
+    )
     results: dict[str, list] = {name: [] for name in ["generalist alone", *configs]}
     try:
         for user in range(args.users):

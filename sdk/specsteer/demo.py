@@ -1,6 +1,6 @@
 """The main job: a real personalized email through the SDK and a companion on real models.
 
-Starts `specsteer-companion serve` as a separate process (Qwen 1.5B Generalist + the same
+The CLI starts `specsteer-companion serve` as a separate process (Qwen 1.5B Generalist + the same
 Qwen 0.5B artifact as generic Specialist), imports one newsgroups sender's earlier posts into a
 history store on the device side, and writes that sender's post for a new subject with
 SpecSteer, streaming each token coloured by provenance.
@@ -8,14 +8,9 @@ SpecSteer, streaming each token coloured by provenance.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 
-from specsteer.errors import CompanionUnavailable
 from specsteer.models.registry import home
 
 DEFAULT_DATA = (
@@ -35,45 +30,6 @@ def prepare_models(names: list[str], precision: str, say: Callable[[str], None])
     for name in names:
         fetch(name, progress=say)
         compile_model(name, precision, progress=say)
-
-
-def start_companion(
-    generalist: str, specialist: str, precision: str, timeout_s: float = 300.0
-) -> tuple[subprocess.Popen[str], str]:
-    """Launch the companion process on a free port; return it and its URL once it is ready."""
-    cmd = [
-        sys.executable,
-        "-m",
-        "specsteer_companion.cli",
-        "serve",
-        "--generalist",
-        generalist,
-        "--specialist",
-        specialist,
-        "--precision",
-        precision,
-        "--port",
-        "0",
-        "--open",
-        "--threads",
-        "1",
-    ]
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen(
-        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
-    )
-    deadline = time.monotonic() + timeout_s
-    assert proc.stdout is not None
-    lines = []
-    while time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        if not line:
-            break
-        lines.append(line)
-        if line.startswith("companion ready:"):
-            return proc, line.split()[2]
-    proc.kill()
-    raise CompanionUnavailable("the companion did not start:\n" + "".join(lines[-20:]))
 
 
 def user_store(data: Path, user: int):

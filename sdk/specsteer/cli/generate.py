@@ -147,6 +147,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """The main job: a real email in a sender's voice via SDK + companion on real models."""
         from specsteer import demo as demo_lib
+        from specsteer_companion.process import start_companion
 
         say = lambda msg: console.print(f"[dim]{msg}[/dim]")  # noqa: E731
         try:
@@ -154,7 +155,7 @@ def register(app: typer.Typer) -> None:
             store, shared = demo_lib.user_store(data, user)
             say(f"history: {sum(store.stats()['kinds'].values())} earlier posts of {shared.user}")
             say("starting the companion (loads the Generalist and the generic Specialist)...")
-            proc, url = demo_lib.start_companion(generalist, specialist, precision)
+            proc, url = start_companion(generalist, specialist, precision)
             try:
                 client = Client(
                     specialist, history=store, companion=url, max_prompt_tokens=max_prompt_tokens

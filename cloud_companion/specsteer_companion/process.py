@@ -1,0 +1,71 @@
+"""Run `specsteer-companion serve` as a child process (demo, benchmarks, fault tests).
+
+A separate process shares no GIL with the device and can be pinned to its own core, as on a
+real deployment where the companion is another machine.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+from specsteer.errors import CompanionUnavailable
+
+
+def start_companion(
+    generalist: str,
+    specialist: str,
+    precision: str = "int8",
+    *,
+    threads: int = 1,
+    workers: int = 1,
+    core: int | None = None,
+    timeout_s: float = 300.0,
+) -> tuple[subprocess.Popen[str], str]:
+    """Start a companion on a free loopback port (open access); return it and its ws:// URL."""
+    cmd = [
+        sys.executable,
+        "-m",
+        "specsteer_companion.cli",
+        "serve",
+        "--generalist",
+        generalist,
+        "--specialist",
+        specialist,
+        "--precision",
+        precision,
+        "--port",
+        "0",
+        "--open",
+        "--threads",
+        str(threads),
+        "--workers",
+        str(workers),
+    ]
+
+    def pin() -> None:
+        if core is not None and hasattr(os, "sched_setaffinity"):
+            os.sched_setaffinity(0, {core})
+
+    proc = subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        preexec_fn=pin,
+    )
+    assert proc.stdout is not None
+    deadline = time.monotonic() + timeout_s
+    seen: list[str] = []
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        seen.append(line)
+        if line.startswith("companion ready:"):
+            return proc, line.split()[2]
+    proc.kill()
+    raise CompanionUnavailable("the companion did not start:\n" + "".join(seen[-20:]))
