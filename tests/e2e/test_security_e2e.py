@@ -31,6 +31,11 @@ def tokens(tmp_path) -> TokenStore:
     return TokenStore(tmp_path / "tokens.db")
 
 
+def _tampered(secret: str) -> str:
+    """The secret with its last character changed (never to itself)."""
+    return secret[:-1] + ("A" if secret[-1] != "A" else "B")
+
+
 def _auth(tokens: TokenStore):
     return lambda secret: info.token_id if (info := tokens.verify(secret)) else None
 
@@ -42,7 +47,7 @@ def test_tokens_valid_missing_wrong_and_revoked(tiny_model, tiny_generalist, sto
     with server.running() as url:
         ok = Client(tiny_model, history=store, companion=url, token=issued.secret)
         assert not ok.generate("Team offsite", max_new_tokens=8, offline="fail").stats.degraded
-        for bad in ["", "sst_0000000000000000_" + "x" * 43, issued.secret[:-1] + "A"]:
+        for bad in ["", "sst_0000000000000000_" + "x" * 43, _tampered(issued.secret)]:
             client = Client(tiny_model, history=store, companion=url, token=bad)
             with pytest.raises(CompanionError) as info:
                 client.generate("Team offsite", max_new_tokens=8, offline="fail")
