@@ -117,6 +117,8 @@ def compile_model(
         )
     verify(spec, gguf)
     dest.parent.mkdir(parents=True, exist_ok=True)
+    for stale in dest.parent.glob(f".{dest.name}.*"):  # left by a compile that was killed
+        shutil.rmtree(stale, ignore_errors=True)
     work = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
     log = dest.parent / f"{dest.name}.log"
     log.write_text("")
