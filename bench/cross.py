@@ -66,6 +66,7 @@ def companion_main(argv: list[str]) -> None:
     ap.add_argument("--recovery", default="token")
     ap.add_argument("--heal", action=argparse.BooleanOptionalAction, default=True)
     ap.add_argument("--in-context", action=argparse.BooleanOptionalAction, default=True)
+    ap.add_argument("--lookahead", type=int, default=0)
     ap.add_argument("--stats", type=Path, required=True)
     args = ap.parse_args(argv)
     g = load_model(args.generalist, precision=args.precision)
@@ -89,7 +90,8 @@ def companion_main(argv: list[str]) -> None:
             if s.tokenizer.vocab_hash != g.tokenizer.vocab_hash:
                 return Logged(CrossVerifierSession(self, request, tail=args.tail,
                                                    recovery=args.recovery, heal=args.heal,
-                                                   in_context=args.in_context))
+                                                   in_context=args.in_context,
+                                                   lookahead=args.lookahead))
             return super().open(request)
 
     server = CompanionServer(Recording(g, s), ServerConfig(host="127.0.0.1", port=0, workers=1))
@@ -157,7 +159,9 @@ class Config:
                        retokenized=sum(x["retokenized"] for x in c),
                        recovery_pass=sum(x["recovery_passes"] for x in c)
                        / sum(x["recoveries"] for x in c),
-                       g_per_round=sum(x["g_tokens"] for x in c) / sum(x["rounds"] for x in c))
+                       g_per_round=sum(x["g_tokens"] for x in c) / sum(x["rounds"] for x in c),
+                       moved=sum(x["moved"] for x in c) / sum(x["recoveries"] for x in c),
+                       examined=sum(x["examined"] for x in c) / sum(x["recoveries"] for x in c))
         return out
 
 
@@ -277,8 +281,12 @@ def main() -> None:
     ap.add_argument("--gamma", type=float, default=0.1)
     ap.add_argument("--precision", default="int8")
     ap.add_argument("--variants", action="store_true",
-                    help="also run tail=backoff and recovery=prefix on the text path")
+                    help="also run the text path's alternatives: tail=backoff, "
+                         "recovery=prefix, no healing, plain tail tokenization")
     ap.add_argument("--hf", action="store_true", help="add transformers' assisted generation")
+    ap.add_argument("--lookahead", type=int, default=0,
+                    help="text path: Generalist steps per recovery that measure/resolve the "
+                         "one-step mapping (reported as moved/examined mass)")
     ap.add_argument("--data", type=Path, default=DATA)
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
@@ -301,7 +309,8 @@ def main() -> None:
         return config
 
     configs.append(alone("(before)"))
-    pairs = [("smollm2-135m", "SmolLM2-135M -> Qwen 1.5B (text path)", [])]
+    pairs = [("smollm2-135m", "SmolLM2-135M -> Qwen 1.5B (text path)",
+              ["--lookahead", str(args.lookahead)] if args.lookahead else [])]
     if args.variants:
         pairs += [("smollm2-135m", "  tail=backoff", ["--tail", "backoff"]),
                   ("smollm2-135m", "  recovery=prefix", ["--recovery", "prefix"]),
