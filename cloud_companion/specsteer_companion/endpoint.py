@@ -25,6 +25,7 @@ from specsteer.protocol import (
     RowRequested,
     SessionRequested,
 )
+from specsteer_companion.cross import CrossVerifierSession
 from specsteer_companion.verifier import Verifier, VerifierSession
 
 log = logging.getLogger("specsteer_companion")
@@ -53,7 +54,7 @@ class CompanionEndpoint:
         self.conn = CompanionConnection(self.limits)
         self.authenticate = authenticate
         self.identity: str | None = None
-        self.session: VerifierSession | None = None
+        self.session: VerifierSession | CrossVerifierSession | None = None
         self.on_session = on_session  # (identity, opening) -> allowed; for session quotas
         self.rounds = 0
         self.compute_s = 0.0
