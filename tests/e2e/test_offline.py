@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 
 import pytest
+from dying_channel import DyingChannel
 
 from specsteer import protocol
 from specsteer.client import Client
@@ -29,18 +30,6 @@ def store() -> HistoryStore:
     return history
 
 
-class _Dying(LocalChannel):
-    def __init__(self, endpoint: CompanionEndpoint, frames: int) -> None:
-        super().__init__(endpoint)
-        self.left = frames
-
-    def send(self, frame: bytes) -> None:
-        self.left -= 1
-        if self.left < 0:
-            raise CompanionUnavailable("connection reset")
-        super().send(frame)
-
-
 class _Flaky:
     """First connection dies after a few frames, the next `down` attempts fail, then it works."""
 
@@ -52,7 +41,7 @@ class _Flaky:
     def __call__(self) -> LocalChannel:
         self.calls += 1
         if self.calls == 1:
-            return _Dying(CompanionEndpoint(self.verifier), frames=6)
+            return DyingChannel(CompanionEndpoint(self.verifier), frames=6)
         if self.calls <= 1 + self.down:
             raise CompanionUnavailable("connection refused")
         return LocalChannel.for_verifier(self.verifier)

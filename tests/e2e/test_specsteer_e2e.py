@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from dying_channel import DyingChannel
 
 from specsteer import protocol
 from specsteer.client import Client
@@ -168,27 +169,13 @@ def test_unreachable_companion_degrades_to_local(tiny_model, store):
         client.generate(SUBJECT, max_new_tokens=16, offline="fail")
 
 
-class _DyingChannel(LocalChannel):
-    """Works for `frames` frames, then the companion is gone."""
-
-    def __init__(self, endpoint, frames: int) -> None:
-        super().__init__(endpoint)
-        self.left = frames
-
-    def send(self, frame: bytes) -> None:
-        self.left -= 1
-        if self.left < 0:
-            raise CompanionUnavailable("connection reset")
-        super().send(frame)
-
-
 def test_companion_dying_mid_generation_completes_locally(tiny_model, verifier, store):
     from specsteer_companion.endpoint import CompanionEndpoint
 
     client = Client(
         tiny_model,
         history=store,
-        companion=lambda: _DyingChannel(CompanionEndpoint(verifier), frames=5),
+        companion=lambda: DyingChannel(CompanionEndpoint(verifier), frames=5),
     )
     result = client.generate(SUBJECT, max_new_tokens=40, k=2)
     assert result.stats.degraded
