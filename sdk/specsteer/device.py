@@ -401,6 +401,7 @@ def _remote_tokens(
     committed: list[int] = []  # ids the companion has not seen yet
     produced = 0
     ahead: _Drafted | None = None
+    ahead_s0: np.ndarray | None = None  # P_S0 rows of [guess, *ahead], scored during the wait
     try:
         while True:
             t0 = time.perf_counter()
@@ -412,9 +413,14 @@ def _remote_tokens(
                 current = _draft(local, _budget(params, produced), params.temperature, rng, eos)
             draft, rows = current.tokens, current.rows
             s0_draft = s0_rows = None
+            off = len(committed)
             if s0 is not None:
-                s0_rows = _extend(s0, [*committed, *draft])
-                off = len(committed)
+                if ahead_s0 is not None:  # won bet: [guess, *draft] is already in the session
+                    s0_base, s0_rows = s0.session.length - off - len(draft), ahead_s0
+                else:
+                    s0.row  # noqa: B018 - prefill first, so that the base length counts the prompt
+                    s0_base, s0_rows = s0.session.length, _extend(s0, [*committed, *draft])
+                ahead_s0 = None
                 lp = steer.log_softmax(s0_rows, params.temperature)
                 s0_draft = [float(lp[off + j, t]) for j, t in enumerate(draft)]
             link.submit_draft(draft, committed, s0_draft)
@@ -428,6 +434,10 @@ def _remote_tokens(
                     ahead = _draft(
                         local, next_budget, params.temperature, rng, eos, stop=link.reply_ready
                     )
+                    if s0 is not None and s0_rows is not None and not link.reply_ready():
+                        # same bet for P_S0: score [guess, *ahead] now, off the hot path
+                        s0.row = s0_rows[-1]
+                        ahead_s0 = _extend(s0, [guess, *ahead.tokens])
             stats.device_s += time.perf_counter() - t0
             verdict = link.wait_verdict()
             t1 = time.perf_counter()
@@ -446,16 +456,18 @@ def _remote_tokens(
             else:
                 logp_sc = steer.log_softmax(rows[n], params.temperature)[ids]
                 if s0 is not None and s0_rows is not None:
-                    off = len(committed)
                     logp_s0 = steer.log_softmax(s0_rows[off + n], params.temperature)[ids]
                     scores = values + params.alpha * (logp_sc - logp_s0)
-                    s0.session.rewind(s0.session.length - (len(committed) + len(draft)) + off + n)
-                    s0.row = s0_rows[off + n]
                 else:
                     scores = values + params.alpha * logp_sc
                 token = steer.pick(ids, scores, params.temperature, rng)
             if ahead is not None and (n < len(draft) or token != guess):
                 ahead = None  # lost bet
+            if ahead is None:
+                ahead_s0 = None
+            if s0 is not None and s0_rows is not None and ahead_s0 is None:
+                s0.session.rewind(s0_base + off + n)
+                s0.row = s0_rows[off + n]
             if ahead is None:
                 local.session.rewind(min(current.base + n, local.session.length))
             else:
