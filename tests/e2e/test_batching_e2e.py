@@ -100,3 +100,27 @@ def test_serve_refuses_empty_batches(bad):
 
     result = CliRunner().invoke(app, ["serve", "--batch", *bad])
     assert result.exit_code != 0
+
+
+def test_cross_tokenizer_sessions_batch_too(tiny_model, tiny_batched):
+    """CrossVerifierSession runs unchanged on batching models (other Generalist tokenizer)."""
+    from specsteer.runtime import load_model
+    from specsteer.runtime.ort_batched import BatchedModel
+
+    folder = tiny_model_dir("llama", seed=1, vocab=384)
+    plain = Verifier(load_model(folder), tiny_model)
+    client = Client(tiny_model, history=_store(),
+                    companion=lambda: LocalChannel.for_verifier(plain))
+    expected = client.generate(QUERIES[0], **OPTIONS)
+    g, s = BatchingModel(BatchedModel(folder)), BatchingModel(tiny_batched)
+    try:
+        batched = Verifier(g, s)
+        client = Client(tiny_model, history=_store(),
+                        companion=lambda: LocalChannel.for_verifier(batched))
+        got = client.generate(QUERIES[0], **OPTIONS)
+    finally:
+        g.close()
+        s.close()
+    assert got.tokens == expected.tokens
+    assert got.provenance == expected.provenance
+    assert g.stats.rows > 0
