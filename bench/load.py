@@ -17,7 +17,11 @@ rounds/s, p50/p99 round latency (Draft -> Verdict or RowRequest -> RowReply, tim
 channel on the device), p50 session-open latency, the CPU the companion process used (cores, to
 tell a saturated companion from an idle one), and errors (must be 0).
 
-    python bench/load.py --devices 1 4 8 16 --generations 6 --json bench-load.json
+`--batch on` serves with cross-session batching (`specsteer-companion serve --batch`), `--batch
+both` runs a plain companion and then a batching one on the same recorded traces, so the two
+tables compare directly (and every batched reply is checked against the plain companion's).
+
+    python bench/load.py --devices 1 4 8 16 --generations 6 --batch both --json bench-load.json
 """
 
 from __future__ import annotations
@@ -261,6 +265,13 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=2, help="companion verify threads")
     ap.add_argument("--threads", type=int, default=1, help="threads per companion model")
     ap.add_argument(
+        "--batch",
+        choices=["off", "on", "both"],
+        default="off",
+        help="serve with cross-session batching (`serve --batch`); both: one companion after "
+        "the other, replaying the same traces",
+    )
+    ap.add_argument(
         "--no-pacing",
         action="store_true",
         help="send each request as soon as the previous reply arrived",
@@ -273,59 +284,76 @@ def main() -> None:
         args.generalist = args.generalist or str(tiny_model_dir("llama", seed=1))
         args.specialist = args.specialist or str(tiny_model_dir("llama", seed=0))
     console = Console(width=140)
-    proc, url = start_companion(
-        args.generalist,
-        args.specialist,
-        args.precision,
-        threads=args.threads,
-        workers=args.workers,
-    )
-    try:
-        store = HistoryStore(memory=True)
-        for title, body in HISTORY:
-            store.add(kind="email", title=title, body=body)
-        client = Client(
-            load_model(args.specialist, precision=args.precision), history=store, companion=url
+    modes = {"off": [False], "on": [True], "both": [False, True]}[args.batch]
+    traces: list[Trace] = []
+    runs: dict[bool, list[Level]] = {}
+    for batch in modes:
+        proc, url = start_companion(
+            args.generalist,
+            args.specialist,
+            args.precision,
+            threads=args.threads,
+            workers=args.workers,
+            batch=batch,
         )
-        params = {"method": args.method, "max_new_tokens": args.max_new_tokens}
-        traces = [record(client, query, params) for query in QUERIES]
-        levels = []
-        for n in args.devices:
-            levels.append(run_level(url, traces, n, args.generations, not args.no_pacing, proc.pid))
-            console.print(
-                f"N={n}: {levels[-1].tokens_per_s:.0f} tok/s, "
-                f"p50 {levels[-1].round_p50_ms:.1f} ms, errors {levels[-1].errors}"
-            )
-    finally:
-        proc.terminate()
-        proc.wait(10)
+        try:
+            if not traces:  # recorded once, on the first companion: every run replays the same
+                traces = record_traces(args, url)
+            runs[batch] = []
+            for n in args.devices:
+                level = run_level(url, traces, n, args.generations, not args.no_pacing, proc.pid)
+                runs[batch].append(level)
+                console.print(
+                    f"{'batched' if batch else 'plain'} N={n}: {level.tokens_per_s:.0f} tok/s, "
+                    f"p50 {level.round_p50_ms:.1f} ms, errors {level.errors}"
+                )
+        finally:
+            proc.terminate()
+            proc.wait(10)
     rounds = sum(
         sum(isinstance(protocol.decode(s.frame, protocol.Limits()), ROUND_TYPES) for s in t.steps)
         for t in traces
     )
-    title = (
-        f"{Path(args.generalist).name} + {Path(args.specialist).name}, {args.method}, "
-        f"{args.max_new_tokens} new tokens, {args.workers} workers, "
-        f"{'paced' if not args.no_pacing else 'unpaced'}; traces: "
-        f"{sum(t.tokens for t in traces)} tokens in {rounds} rounds"
-    )
-    console.print(table(levels, title))
-    for lv in levels:
-        for sample in lv.error_samples:
-            console.print(f"[red]{sample}")
+    for batch, levels in runs.items():
+        title = (
+            f"{Path(args.generalist).name} + {Path(args.specialist).name}, {args.method}, "
+            f"{args.max_new_tokens} new tokens, "
+            f"{'batched (serve --batch)' if batch else f'{args.workers} workers, not batched'}, "
+            f"{'paced' if not args.no_pacing else 'unpaced'}; traces: "
+            f"{sum(t.tokens for t in traces)} tokens in {rounds} rounds"
+        )
+        console.print(table(levels, title))
+        for lv in levels:
+            for sample in lv.error_samples:
+                console.print(f"[red]{sample}")
     if args.json:
         args.json.write_text(
             json.dumps(
                 {
                     "config": {k: v for k, v in vars(args).items() if k != "json"},
                     "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
-                    "levels": [asdict(lv) for lv in levels],
+                    "runs": [
+                        {"batch": batch, "levels": [asdict(lv) for lv in levels]}
+                        for batch, levels in runs.items()
+                    ],
                 },
                 indent=2,
             )
         )
-    if any(lv.errors for lv in levels):
+    if any(lv.errors for levels in runs.values() for lv in levels):
         sys.exit(1)
+
+
+def record_traces(args: argparse.Namespace, url: str) -> list[Trace]:
+    """One real generation per query through the companion at `url`."""
+    store = HistoryStore(memory=True)
+    for title, body in HISTORY:
+        store.add(kind="email", title=title, body=body)
+    client = Client(
+        load_model(args.specialist, precision=args.precision), history=store, companion=url
+    )
+    params = {"method": args.method, "max_new_tokens": args.max_new_tokens}
+    return [record(client, query, params) for query in QUERIES]
 
 
 if __name__ == "__main__":

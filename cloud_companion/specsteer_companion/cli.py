@@ -48,11 +48,26 @@ def serve(
         float, typer.Option(help="Seconds before an idle device is dropped")
     ] = 120.0,
     max_sessions: Annotated[int, typer.Option()] = 64,
+    batch: Annotated[
+        bool,
+        typer.Option(
+            "--batch",
+            help="Run the verification passes of concurrent sessions as one forward pass per "
+            "model (raw ONNX Runtime sessions instead of ONNX Runtime GenAI)",
+        ),
+    ] = False,
+    max_batch: Annotated[int, typer.Option(min=1, help="With --batch: sessions per pass")] = 16,
+    max_batch_tokens: Annotated[
+        int,
+        typer.Option(min=1, help="With --batch: padded tokens per pass (rows x longest row)"),
+    ] = 256,
     verbose: Annotated[bool, typer.Option("-v", "--verbose")] = False,
 ) -> None:
     """Load the models and serve devices over websockets until interrupted."""
-    from specsteer.runtime import load_model
+    from specsteer.runtime import LanguageModel, load_model
+    from specsteer.runtime.ort_batched import load_batched_model
     from specsteer_companion.auth import TokenStore
+    from specsteer_companion.batching import BatchingModel, BatchLimits
     from specsteer_companion.server import CompanionServer, ServerConfig
     from specsteer_companion.tls import server_ssl_context
     from specsteer_companion.verifier import Verifier
@@ -60,12 +75,19 @@ def serve(
     logging.basicConfig(
         level=logging.DEBUG if verbose else logging.INFO, format="%(asctime)s %(name)s %(message)s"
     )
-    g = load_model(generalist, precision=precision, threads=threads)
-    s = (
-        None
-        if specialist == "none"
-        else load_model(specialist, precision=precision, threads=threads)
-    )
+    models: list[BatchingModel] = []
+
+    def load(name: str) -> LanguageModel:
+        if not batch:
+            return load_model(name, precision=precision, threads=threads)
+        limits = BatchLimits(max_batch=max_batch, max_tokens=max_batch_tokens)
+        models.append(
+            BatchingModel(load_batched_model(name, precision=precision, threads=threads), limits)
+        )
+        return models[-1]
+
+    g = load(generalist)
+    s = None if specialist == "none" else load(specialist)
     authenticate = None
     if not open_access:
         store = TokenStore(tokens or default_store_path())
@@ -88,12 +110,15 @@ def serve(
     def ready(bound: int) -> None:
         typer.echo(
             f"companion ready: {scheme}://{host}:{bound} generalist={g.name} "
-            f"{g.sha256[:12]} specialist={s.name if s else 'none'}",
+            f"{g.sha256[:12]} specialist={s.name if s else 'none'}"
+            + (f" batch={max_batch}x{max_batch_tokens}" if batch else ""),
             err=False,
         )
 
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(server.serve(ready))
+    for model in models:
+        logging.getLogger("specsteer_companion").info("%s batching: %s", model.name, model.stats)
 
 
 def main() -> None:

@@ -23,8 +23,12 @@ def start_companion(
     workers: int = 1,
     core: int | None = None,
     timeout_s: float = 300.0,
+    batch: bool = False,
 ) -> tuple[subprocess.Popen[str], str]:
-    """Start a companion on a free loopback port (open access); return it and its ws:// URL."""
+    """Start a companion on a free loopback port (open access); return it and its ws:// URL.
+
+    `batch` serves with `--batch` (cross-session batched passes, default limits).
+    """
     cmd = [
         sys.executable,
         "-m",
@@ -43,6 +47,7 @@ def start_companion(
         str(threads),
         "--workers",
         str(workers),
+        *(["--batch"] if batch else []),
     ]
 
     def pin() -> None:

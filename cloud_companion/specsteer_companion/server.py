@@ -1,7 +1,8 @@
 """The companion's websocket server: a thin asyncio adapter over `CompanionEndpoint`.
 
 One endpoint (protocol state machine + verifier session) per connection; model work runs in a
-thread pool so many devices progress while one is being verified. Limits enforced here are the
+thread pool so many devices progress while one is being verified (with batching models, one
+thread per session, so that all of them can wait for the same pass). Limits enforced here are the
 ones only an adapter can see: frame size (websockets' max_size), idle time, request rate and
 session counts.
 """
@@ -21,6 +22,7 @@ from websockets.asyncio.server import ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
 
 from specsteer.protocol import ErrorCode, Limits
+from specsteer_companion.batching import BatchingModel
 from specsteer_companion.endpoint import Authenticator, CompanionEndpoint
 from specsteer_companion.limits import SessionCounter, TokenBucket
 from specsteer_companion.verifier import Verifier
@@ -54,12 +56,23 @@ class CompanionServer:
         self.authenticate = authenticate
         self.ssl_context = ssl_context
         self.limits = self.config.limits or Limits()
-        self._pool = ThreadPoolExecutor(max_workers=self.config.workers,
-                                        thread_name_prefix="verify")
+        self._pool = ThreadPoolExecutor(max_workers=self.pool_size, thread_name_prefix="verify")
         self._sessions = SessionCounter(max_per_token=self.config.max_sessions_per_identity,
                                         max_total=self.config.max_sessions)
         self.port: int | None = None
         self.connections = 0
+
+    @property
+    def pool_size(self) -> int:
+        """Threads that run frames: `workers`, or one per session when the models batch.
+
+        With `BatchingModel`s a frame's thread mostly waits for a shared pass, so every session
+        must be able to wait at once, or passes could never be larger than `workers`.
+        """
+        models = (self.verifier.generalist, self.verifier.specialist)
+        if any(isinstance(m, BatchingModel) for m in models):
+            return max(self.config.workers, self.config.max_sessions)
+        return self.config.workers
 
     def _session_quota(self, identity: str, opening: bool) -> bool:
         if opening:
