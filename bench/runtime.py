@@ -444,24 +444,24 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--markdown", type=Path, help="write the tables as Markdown here")
     args = parser.parse_args(argv)
     console = Console(stderr=True)
-    results = []
+    results: list[dict] = []
+    meta = {
+        "python": sys.version.split()[0],
+        "machine": platform.machine(),
+        "cpus": os.cpu_count(),
+        "argv": sys.argv,
+        "time": time.strftime("%F %T"),
+    }
     for name in args.models:
         result = bench_model(name, args, lambda m: console.print(m, markup=False, style="dim"))
         if result is not None:
             results.append(result)
+        # written after every model: a later model's failure must not lose the earlier ones
+        if args.json:
+            args.json.write_text(json.dumps({"meta": meta, "results": results}, indent=2))
+        if args.markdown:
+            args.markdown.write_text(markdown(results, args.ks))
     print_tables(results, args.ks, Console())
-    if args.json:
-        meta = {
-            "python": sys.version.split()[0],
-            "machine": platform.machine(),
-            "cpus": os.cpu_count(),
-            "argv": sys.argv,
-            "time": time.strftime("%F %T"),
-        }
-        args.json.write_text(json.dumps({"meta": meta, "results": results}, indent=2))
-    if args.markdown:
-        args.markdown.write_text(markdown(results, args.ks))
-
 
 if __name__ == "__main__":
     main()

@@ -151,7 +151,11 @@ def main() -> None:
         "specsteer g=0.1": dict(gamma=0.1),
         "specsteer g=0.1 no pipeline": dict(gamma=0.1, pipeline=False),
         "specsteer g=0.1 P_S0 on device": dict(gamma=0.1, s0_on_device=True),
+        "specsteer g=0.1 P_S0 on device, top_p=0.9": dict(
+            gamma=0.1, s0_on_device=True, top_p=0.9
+        ),
         "specsteer g=0.1 K=2": dict(gamma=0.1, k=2),
+        "specsteer g=0.1 K=3": dict(gamma=0.1, k=3),
         "specsteer g=0.1 K=6": dict(gamma=0.1, k=6),
         "specsteer g=0.1 top_p=0.9": dict(gamma=0.1, top_p=0.9),
     }
@@ -212,7 +216,7 @@ def main() -> None:
                 )
         context = list(device_prompt.private_ids)[:300]
         costs = step_costs(specialist, generalist, context, 4)
-        costs_by_k = {k: step_costs(specialist, generalist, context, k) for k in (2, 6)}
+        costs_by_k = {k: step_costs(specialist, generalist, context, k) for k in (2, 3, 6)}
     finally:
         proc.terminate()
         proc.wait(10)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import gc
 import os
 
+import numpy as np
 import pytest
 
 from specsteer import alignment as al
@@ -112,6 +113,22 @@ def test_smollm_drafts_for_gemma3_270m(smollm, store):
     gemma = _model("gemma3-270m")
     try:
         _generate_and_check(smollm, gemma, store, min_acceptance=0.1)
+    finally:
+        del gemma
+        gc.collect()
+
+
+def test_short_sessions_work_on_a_sliding_window_model():
+    """Gemma-3's local layers need a KV cache of at least their window (512 tokens)."""
+    gemma = _model("gemma3-270m")
+    try:
+        assert gemma.info.sliding_window == 512
+        session = gemma.new_session(max_length=16)
+        ids = gemma.tokenizer.encode("Dear team, thank you")
+        rows = session.append(ids)
+        session.rewind(2)
+        again = session.append(ids[2:])
+        np.testing.assert_allclose(again, rows[2:], rtol=1e-4, atol=1e-4)
     finally:
         del gemma
         gc.collect()

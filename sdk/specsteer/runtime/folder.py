@@ -67,9 +67,19 @@ class ModelFolder:
             f"`specsteer models compile {self.name} --precision {self.precision} --force`"
         )
 
+    @property
+    def sliding_window(self) -> int:
+        """Local attention window (Gemma-3 layers), 0 when every layer attends globally."""
+        window = self.genai.get("decoder", {}).get("sliding_window") or {}
+        return int(window.get("window_size", 0))
+
     def session_length(self, max_length: int | None) -> int:
-        """A session's token bound: `max_length` (default 4096), at most the context window."""
-        return min(max_length or DEFAULT_MAX_LENGTH, self.context_length)
+        """A session's token bound: `max_length` (default 4096), at most the context window.
+
+        Never below the sliding window: ONNX Runtime refuses a KV cache smaller than it.
+        """
+        wanted = max(max_length or DEFAULT_MAX_LENGTH, self.sliding_window)
+        return min(wanted, self.context_length)
 
 
 def check_ids(ids: object, vocab_size: int, length: int, max_length: int) -> np.ndarray:
