@@ -287,6 +287,10 @@ def main() -> None:
     ap.add_argument("--lookahead", type=int, default=0,
                     help="text path: Generalist steps per recovery that measure/resolve the "
                          "one-step mapping (reported as moved/examined mass)")
+    ap.add_argument("--ks", type=int, nargs="+", default=[4],
+                    help="draft lengths K to run each pair with (one companion per pair)")
+    ap.add_argument("--adaptive", action="store_true",
+                    help="also run each pair with the adaptive draft length (adaptive_k)")
     ap.add_argument("--data", type=Path, default=DATA)
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
@@ -320,7 +324,10 @@ def main() -> None:
     for specialist_name, label, extra in pairs:
         stats = work / f"{len(configs)}.jsonl"
         proc, url = start_companion(specialist_name, args.precision, stats, extra)
-        config = Config(f"{label} g={args.gamma}")
+        k_label = len(args.ks) > 1 or args.ks != [4] or args.adaptive
+        ks: list[int | None] = [*args.ks, *([None] if args.adaptive else [])]
+        pair_configs = [Config(f"{label} g={args.gamma}" + (
+            (" adaptive K" if k is None else f" K={k}") if k_label else "")) for k in ks]
         try:
             specialist = load_model(specialist_name, precision=args.precision)
             for user in users:
@@ -328,18 +335,20 @@ def main() -> None:
                 store.add_many(user.records)
                 client = Client(specialist, history=store, companion=url,
                                 max_prompt_tokens=args.max_prompt_tokens)
-                run = timed_stream(client, user, gamma=args.gamma,
-                                   max_new_tokens=args.max_new_tokens, offline="fail")
-                config.runs.append(run)
-                rate = run.decode_bytes / max(run.decode_s, 1e-9)
-                print(f"{config.name}: {run.tokens} tokens, {rate:.1f} B/s, acceptance "
-                      f"{run.acceptance:.0%}, ROUGE-L {run.rouge_l:.3f}", flush=True)
+                for k, config in zip(ks, pair_configs, strict=True):
+                    sizing = dict(adaptive_k=True) if k is None else dict(k=k)
+                    run = timed_stream(client, user, gamma=args.gamma, **sizing,
+                                       max_new_tokens=args.max_new_tokens, offline="fail")
+                    config.runs.append(run)
+                    rate = run.decode_bytes / max(run.decode_s, 1e-9)
+                    print(f"{config.name}: {run.tokens} tokens, {rate:.1f} B/s, acceptance "
+                          f"{run.acceptance:.0%}, ROUGE-L {run.rouge_l:.3f}", flush=True)
         finally:
             proc.terminate()
             proc.wait(30)
-        if stats.exists():
-            config.companion = [json.loads(x) for x in stats.read_text().splitlines() if x]
-        configs.append(config)
+        if stats.exists() and len(pair_configs) == 1:  # companion stats are per process
+            pair_configs[0].companion = [json.loads(x) for x in stats.read_text().splitlines() if x]
+        configs.extend(pair_configs)
         del specialist
         gc.collect()
     configs.append(alone("(after)"))

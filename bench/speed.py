@@ -4,7 +4,7 @@ In one run, on the same newsgroups prompts (the sender's history as private cont
   * the Generalist alone (plain ORT greedy decoding of the public prompt, one core);
   * standard speculative decoding (Specialist + context drafting, Generalist verifying);
   * SpecSteer at gamma 1.0 / 0.5 / 0.1, and at 0.1: without pipelining, with P_S0 on the
-    device, and with other draft lengths K.
+    device, with other draft lengths K and with the adaptive K (`adaptive_k`).
 Reported per configuration: decode tokens/s (first to last token: prefill excluded, reported
 separately as time to first token), speed-up over the Generalist alone measured in this run,
 acceptance, bytes per generated token on the wire, and the share of pipelined rounds.
@@ -157,6 +157,10 @@ def main() -> None:
         "specsteer g=0.1 K=2": dict(gamma=0.1, k=2),
         "specsteer g=0.1 K=3": dict(gamma=0.1, k=3),
         "specsteer g=0.1 K=6": dict(gamma=0.1, k=6),
+        "specsteer g=0.1 adaptive K": dict(gamma=0.1, adaptive_k=True),
+        "specsteer g=0.1 adaptive K, P_S0 on device": dict(
+            gamma=0.1, adaptive_k=True, s0_on_device=True
+        ),
         "specsteer g=0.1 top_p=0.9": dict(gamma=0.1, top_p=0.9),
     }
     proc, url = start_companion(
@@ -206,7 +210,7 @@ def main() -> None:
                         bpt=st.bytes_per_token,
                         piped=st.pipelined / rounds,
                         apr=st.accepted / rounds,
-                        k=params.get("k", 4),
+                        k=0 if params.get("adaptive_k") else params.get("k", 4),
                         s0=params.get("s0_on_device", False),
                     )
                 )
@@ -234,7 +238,7 @@ def main() -> None:
             sum(r["tokens"] for r in runs),
             statistics.mean(r["piped"] for r in runs),
         )
-        if name.startswith("specsteer"):
+        if name.startswith("specsteer") and runs[0]["k"]:  # no ceiling for an adaptive K
             k = runs[0]["k"]
             c = costs if k == 4 else costs_by_k[k]
             apr = statistics.mean(r["apr"] for r in runs)

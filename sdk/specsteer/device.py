@@ -19,6 +19,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from specsteer import steer
+from specsteer.draft_length import DraftLength
 from specsteer.errors import CompanionError, CompanionUnavailable, ProtocolError
 from specsteer.link import CompanionLink
 from specsteer.protocol import Mode, Select
@@ -47,6 +48,8 @@ class Params:
     costeer_iterations: int = 20
     beta: float = 1.0
     pipeline: bool = True  # draft the next round while the companion verifies (greedy only)
+    adaptive_k: bool = False  # choose K each round in [1, k_max] from measured costs (starts at k)
+    k_max: int = 8
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
@@ -57,6 +60,8 @@ class Params:
             raise ValueError("k >= 0, top_k >= 1, max_new_tokens >= 0 and gamma >= 0 are required")
         if self.select not in ("generalist", "difference"):
             raise ValueError("select must be 'generalist' or 'difference'")
+        if self.adaptive_k and not 1 <= self.k <= self.k_max:
+            raise ValueError("adaptive_k needs 1 <= k <= k_max")
 
 
 @dataclass(frozen=True)
@@ -402,6 +407,8 @@ def _remote_tokens(
     produced = 0
     ahead: _Drafted | None = None
     ahead_s0: np.ndarray | None = None  # P_S0 rows of [guess, *ahead], scored during the wait
+    sizer = DraftLength(params.k, 1, params.k_max, pipeline) if params.adaptive_k else None
+    k = params.k
     try:
         while True:
             t0 = time.perf_counter()
@@ -410,7 +417,7 @@ def _remote_tokens(
             else:
                 if committed:
                     local.push(committed[-1])
-                current = _draft(local, _budget(params, produced), params.temperature, rng, eos)
+                current = _draft(local, _budget(params, k, produced), params.temperature, rng, eos)
             draft, rows = current.tokens, current.rows
             s0_draft = s0_rows = None
             off = len(committed)
@@ -427,7 +434,7 @@ def _remote_tokens(
             guess = None
             if pipeline and draft and draft[-1] not in eos:
                 guess = int(np.argmax(rows[-1]))
-                next_budget = _budget(params, produced + len(draft) + 1)
+                next_budget = _budget(params, k, produced + len(draft) + 1)
                 if guess not in eos and next_budget > 0:
                     local.push(guess)
                     # stop betting as soon as the verdict is in: waiting on it is the hot path
@@ -461,8 +468,14 @@ def _remote_tokens(
                 else:
                     scores = values + params.alpha * logp_sc
                 token = steer.pick(ids, scores, params.temperature, rng)
-            if ahead is not None and (n < len(draft) or token != guess):
+            bet = None if ahead is None else n == len(draft) and token == guess
+            if ahead is not None and not bet:
                 ahead = None  # lost bet
+            if sizer is not None and mode is Mode.SPECSTEER:
+                k = sizer.observe(
+                    len(draft), n, len(committed) + len(draft), link.last_round_s,
+                    current.step_s, bet,
+                )
             if ahead is None:
                 ahead_s0 = None
             if s0 is not None and s0_rows is not None and ahead_s0 is None:
@@ -494,11 +507,12 @@ class _Drafted:
     base: int  # session length before the first drafted token
     tokens: list[int]
     rows: list[np.ndarray]
+    step_s: float | None = None  # seconds per drafted token (feeds the adaptive K)
 
 
-def _budget(params: Params, produced: int) -> int:
-    """Draft length that leaves room for the round's recovered/bonus token."""
-    return max(0, min(params.k, params.max_new_tokens - produced - 1))
+def _budget(params: Params, k: int, produced: int) -> int:
+    """Draft length (at most k) that leaves room for the round's recovered/bonus token."""
+    return max(0, min(k, params.max_new_tokens - produced - 1))
 
 
 def _draft(
@@ -509,7 +523,9 @@ def _draft(
     eos: frozenset[int],
     stop: Callable[[], bool] | None = None,
 ) -> _Drafted:
-    drafted = _Drafted(local.session.length, [], [local.row])
+    row = local.row  # prefills first if needed, so that `base` counts the prompt
+    drafted = _Drafted(local.session.length, [], [row])
+    started = time.perf_counter()
     for _ in range(k):
         if stop is not None and drafted.tokens and stop():
             break
@@ -518,6 +534,8 @@ def _draft(
         if token in eos:  # an end-of-text draft is not appended: nothing follows it
             break
         drafted.rows.append(local.push(token))
+    if drafted.tokens:
+        drafted.step_s = (time.perf_counter() - started) / len(drafted.tokens)
     return drafted
 
 

@@ -81,6 +81,8 @@ class CompanionLink:
         self.stats = stats if stats is not None else LinkStats()  # shared across reconnects
         self.hello_ok: HelloOk | None = None
         self._early: list[bytes] = []  # frames taken by `reply_ready` before anyone waited
+        self._submitted_at: float | None = None
+        self._reply_seen_at: float | None = None
 
     def _flush(self) -> None:
         for frame in self.conn.data_to_send():
@@ -98,7 +100,11 @@ class CompanionLink:
         started = time.perf_counter()
         try:
             while True:
-                frame = self._early.pop(0) if self._early else self.channel.recv(self.timeout)
+                if self._early:
+                    frame = self._early.pop(0)
+                else:
+                    frame = self.channel.recv(self.timeout)
+                    self._reply_seen_at = self._reply_seen_at or time.perf_counter()
                 if self.tap is not None:
                     self.tap("down", frame)
                 self.stats.bytes_down += len(frame)
@@ -185,6 +191,7 @@ class CompanionLink:
         """Send a draft without waiting, so the device can work while it is verified."""
         self.conn.send_draft(list(draft), committed_ids=list(committed), logp_s0=logp_s0)
         self._flush()
+        self._submitted_at, self._reply_seen_at = time.perf_counter(), None
 
     def reply_ready(self) -> bool:
         """True once a reply has arrived (never blocks; False if the channel cannot tell)."""
@@ -193,7 +200,19 @@ class CompanionLink:
             frame = poll() if poll is not None else None
             if frame is not None:
                 self._early.append(frame)
+                self._reply_seen_at = self._reply_seen_at or time.perf_counter()
         return bool(self._early)
+
+    @property
+    def last_round_s(self) -> float | None:
+        """Seconds from the last draft's submission until its reply was first seen.
+
+        Seen: returned by the channel, or noticed by `reply_ready` (so a device busy drafting
+        ahead sees it up to one draft step late).
+        """
+        if self._submitted_at is None or self._reply_seen_at is None:
+            return None
+        return self._reply_seen_at - self._submitted_at
 
     def wait_verdict(self) -> Verdict:
         event = self._wait(VerdictReceived)

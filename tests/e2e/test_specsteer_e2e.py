@@ -222,3 +222,28 @@ def test_pipelining_never_changes_the_output(tiny_model, verifier, store, extra)
     assert piped.tokens == plain.tokens
     assert piped.provenance == plain.provenance
     assert piped.stats.rounds == plain.stats.rounds
+
+
+@pytest.mark.parametrize("pipeline", [True, False])
+def test_adaptive_k_varies_the_draft_length_and_keeps_the_protocol(
+    tiny_model, verifier, store, pipeline
+):
+    frames: list[bytes] = []
+    client = Client(tiny_model, history=store, companion=_local(verifier),
+                    tap=lambda d, f: d == "up" and frames.append(f))
+    limits = protocol.Limits()
+    long_runs = 0
+    for subject in (SUBJECT, "Meeting notes", "Questions about the slides"):
+        frames.clear()
+        result = client.generate(subject, max_new_tokens=80, gamma=0.0, adaptive_k=True, k=2,
+                                 k_max=6, pipeline=pipeline, offline="fail")
+        drafts = [m for m in (protocol.decode(f, limits) for f in frames)
+                  if isinstance(m, protocol.Draft)]
+        assert result.stats.drafted == sum(len(m.draft_ids) for m in drafts)
+        assert result.stats.rounds == len(drafts)
+        if len(drafts) >= 6:  # which K wins depends on timings (and an early end-of-text on K)
+            long_runs += 1
+            assert len({len(m.draft_ids) for m in drafts}) >= 2  # it moves, or at least probes
+    assert long_runs
+    with pytest.raises(ValueError):
+        client.generate(SUBJECT, adaptive_k=True, k=0)

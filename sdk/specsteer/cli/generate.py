@@ -87,6 +87,9 @@ def register(app: typer.Typer) -> None:
         gamma: Annotated[float | None, typer.Option()] = None,
         alpha: Annotated[float, typer.Option()] = 1.0,
         k: Annotated[int, typer.Option("--k", help="Draft length")] = 4,
+        adaptive_k: Annotated[
+            bool, typer.Option(help="Choose K each round from measured acceptance and costs")
+        ] = False,
         top_k: Annotated[int, typer.Option()] = 64,
         temperature: Annotated[float, typer.Option()] = 0.0,
         max_new_tokens: Annotated[int, typer.Option()] = 128,
@@ -98,6 +101,7 @@ def register(app: typer.Typer) -> None:
             method=method,
             alpha=alpha,
             k=k,
+            adaptive_k=adaptive_k,
             top_k=top_k,
             temperature=temperature,
             max_new_tokens=max_new_tokens,
