@@ -23,6 +23,7 @@ import os
 import platform
 import statistics
 import time
+import zlib
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -55,6 +56,7 @@ class Row:
     ttft_s: float
     tokens: int
     pipelined_share: float
+    deflate_bytes_per_token: float = 0.0
     ceiling_speedup: float | None = None
     of_ceiling: float | None = None
 
@@ -72,6 +74,17 @@ def timed_stream(client: Client, query: dict, task: str, **params) -> tuple[list
     for _ in client.stream(query, task=task, result=out, **params):
         stamps.append(time.perf_counter() - started)
     return stamps, out[0]
+
+
+def deflated_size(frames: list[tuple[str, bytes]]) -> int:
+    """Bytes the frames would take under websocket permessage-deflate (context takeover):
+    one raw-deflate stream per direction, each message sync-flushed, minus the 4-byte tail."""
+    total = 0
+    streams = {d: zlib.compressobj(6, zlib.DEFLATED, -15) for d in ("up", "down")}
+    for direction, frame in frames:
+        out = streams[direction].compress(frame) + streams[direction].flush(zlib.Z_SYNC_FLUSH)
+        total += len(out) - 4
+    return total
 
 
 def decode_rate(stamps: list[float]) -> float:
@@ -167,13 +180,15 @@ def main() -> None:
         args.generalist, args.specialist, args.precision, core=COMPANION_CORE
     )
     results: dict[str, list] = {name: [] for name in ["generalist alone", *configs]}
+    frames: list[tuple[str, bytes]] = []  # every frame of the current generation
     try:
         for user in range(args.users):
             shared = load_shared_user(args.data, user)
             store = HistoryStore(memory=True)
             store.add_many(shared.records)
             client = Client(
-                specialist, history=store, companion=url, max_prompt_tokens=args.max_prompt_tokens
+                specialist, history=store, companion=url, max_prompt_tokens=args.max_prompt_tokens,
+                tap=lambda d, f: frames.append((d, f)),
             )
             _, device_prompt = client.prepare(shared.query, task=shared.task)
             rate, ttft = generalist_alone(
@@ -186,6 +201,7 @@ def main() -> None:
                     tokens=args.max_new_tokens,
                     acc=0.0,
                     bpt=0.0,
+                    dbpt=0.0,
                     piped=0.0,
                     apr=0.0,
                     k=0,
@@ -196,6 +212,7 @@ def main() -> None:
                 f"(private prompt {len(device_prompt.private_ids)} tokens)"
             )
             for name, params in configs.items():
+                frames.clear()
                 stamps, result = timed_stream(
                     client, shared.query, shared.task, max_new_tokens=args.max_new_tokens, **params
                 )
@@ -208,6 +225,7 @@ def main() -> None:
                         tokens=st.tokens,
                         acc=st.acceptance_rate,
                         bpt=st.bytes_per_token,
+                        dbpt=deflated_size(frames) / max(st.tokens, 1),
                         piped=st.pipelined / rounds,
                         apr=st.accepted / rounds,
                         k=0 if params.get("adaptive_k") else params.get("k", 4),
@@ -237,6 +255,7 @@ def main() -> None:
             statistics.mean(r["ttft"] for r in runs),
             sum(r["tokens"] for r in runs),
             statistics.mean(r["piped"] for r in runs),
+            statistics.mean(r["dbpt"] for r in runs),
         )
         if name.startswith("specsteer") and runs[0]["k"]:  # no ceiling for an adaptive K
             k = runs[0]["k"]
@@ -258,6 +277,7 @@ def main() -> None:
         "speed-up",
         "acceptance",
         "B/token",
+        "deflate B/token",
         "TTFT s",
         "pipelined",
         "ceiling",
@@ -271,6 +291,7 @@ def main() -> None:
             f"{r.speedup:.2f}x",
             f"{r.acceptance:.0%}",
             f"{r.bytes_per_token:.1f}",
+            f"{r.deflate_bytes_per_token:.1f}",
             f"{r.ttft_s:.1f}",
             f"{r.pipelined_share:.0%}",
             f"{r.ceiling_speedup:.2f}x" if r.ceiling_speedup else "-",
