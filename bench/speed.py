@@ -147,6 +147,9 @@ def main() -> None:
     ap.add_argument("--specialist", default="qwen2.5-0.5b")
     ap.add_argument("--generalist", default="qwen2.5-1.5b")
     ap.add_argument("--precision", default="int8")
+    ap.add_argument("--specialist-precision", help="the Specialist's, if not --precision's")
+    ap.add_argument("--only", nargs="+", metavar="CONFIG",
+                    help="run only these configurations (names as in the table)")
     ap.add_argument("--users", type=int, default=2)
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--max-prompt-tokens", type=int, default=640)
@@ -155,7 +158,8 @@ def main() -> None:
     args = ap.parse_args()
     console = Console(width=160)
     _pin(DEVICE_CORE)
-    specialist = load_model(args.specialist, precision=args.precision)
+    s_precision = args.specialist_precision or args.precision
+    specialist = load_model(args.specialist, precision=s_precision)
     generalist = load_model(args.generalist, precision=args.precision)
     configs: dict[str, dict] = {
         "speculative": dict(method="speculative"),
@@ -176,8 +180,14 @@ def main() -> None:
         ),
         "specsteer g=0.1 top_p=0.9": dict(gamma=0.1, top_p=0.9),
     }
+    if args.only:
+        unknown = set(args.only) - set(configs)
+        if unknown:
+            raise SystemExit(f"unknown configurations {sorted(unknown)}; known: {list(configs)}")
+        configs = {name: configs[name] for name in args.only}
+    # the companion's P_S0 is the very artifact the device runs: pass its folder
     proc, url = start_companion(
-        args.generalist, args.specialist, args.precision, core=COMPANION_CORE
+        args.generalist, str(specialist.folder), args.precision, core=COMPANION_CORE
     )
     results: dict[str, list] = {name: [] for name in ["generalist alone", *configs]}
     frames: list[tuple[str, bytes]] = []  # every frame of the current generation
@@ -238,7 +248,8 @@ def main() -> None:
                 )
         context = list(device_prompt.private_ids)[:300]
         costs = step_costs(specialist, generalist, context, 4)
-        costs_by_k = {k: step_costs(specialist, generalist, context, k) for k in (2, 3, 6)}
+        other_ks = {p.get("k", 4) for p in configs.values()} - {4}
+        costs_by_k = {k: step_costs(specialist, generalist, context, k) for k in other_ks}
     finally:
         proc.terminate()
         proc.wait(10)
@@ -268,7 +279,7 @@ def main() -> None:
             row.of_ceiling = row.speedup / row.ceiling_speedup
         rows.append(row)
     table = Table(
-        title=f"{args.specialist} -> {args.generalist} ({args.precision}), "
+        title=f"{args.specialist} ({s_precision}) -> {args.generalist} ({args.precision}), "
         f"{args.users} users x {args.max_new_tokens} tokens, 1 core each"
     )
     for col in [

@@ -27,7 +27,13 @@ from specsteer.runtime.base import LanguageModel, Session
 
 METHODS = ("slm", "slm_rag", "llm", "speculative", "light_costeer", "costeer", "specsteer")
 LOCAL_METHODS = ("slm", "slm_rag")
-PRESETS = {"default": {"gamma": 0.5}, "fast": {"gamma": 0.1}, "strict": {"gamma": 1.0}}
+# "fast" also moves P_S0 to the device: the same tokens (tested), one model pass less on the
+# companion's critical path; it pays when the Specialist is cheap (docs/BENCHMARKS.md, speed)
+PRESETS = {
+    "default": {"gamma": 0.5},
+    "fast": {"gamma": 0.1, "s0_on_device": True},
+    "strict": {"gamma": 1.0},
+}
 
 
 @dataclass(frozen=True)

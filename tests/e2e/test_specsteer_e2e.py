@@ -247,3 +247,24 @@ def test_adaptive_k_varies_the_draft_length_and_keeps_the_protocol(
     assert long_runs
     with pytest.raises(ValueError):
         client.generate(SUBJECT, adaptive_k=True, k=0)
+
+
+def test_presets(tiny_model, verifier, store):
+    frames: list[bytes] = []
+    client = Client(tiny_model, history=store, companion=_local(verifier),
+                    tap=lambda d, f: d == "up" and frames.append(f))
+    fast = client.generate(SUBJECT, preset="fast", max_new_tokens=24)
+    opened = [m for m in (protocol.decode(f, protocol.Limits()) for f in frames)
+              if isinstance(m, protocol.OpenSession)]
+    assert opened[-1].s0_on_device and opened[-1].gamma == pytest.approx(0.1)
+    # placing P_S0 on the device changes where it is computed, never the tokens
+    assert fast.tokens == client.generate(SUBJECT, gamma=0.1, max_new_tokens=24).tokens
+    strict = client.generate(SUBJECT, preset="strict", max_new_tokens=24)
+    assert strict.tokens == client.generate(SUBJECT, gamma=1.0, max_new_tokens=24).tokens
+    frames.clear()
+    client.generate(SUBJECT, preset="fast", gamma=0.3, max_new_tokens=4)  # explicit wins
+    opened = [m for m in (protocol.decode(f, protocol.Limits()) for f in frames)
+              if isinstance(m, protocol.OpenSession)]
+    assert opened[-1].gamma == pytest.approx(0.3)
+    with pytest.raises(ValueError, match="unknown preset"):
+        client.generate(SUBJECT, preset="turbo")
