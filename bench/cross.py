@@ -289,6 +289,10 @@ def main() -> None:
                          "one-step mapping (reported as moved/examined mass)")
     ap.add_argument("--ks", type=int, nargs="+", default=[4],
                     help="draft lengths K to run each pair with (one companion per pair)")
+    ap.add_argument("--s0-on-device", action="store_true",
+                    help="the device sends P_S0 of its drafts (the fast preset's placement)")
+    ap.add_argument("--token-pair", action=argparse.BooleanOptionalAction, default=True,
+                    help="also run the same-tokenizer Qwen 0.5B -> 1.5B pair")
     ap.add_argument("--adaptive", action="store_true",
                     help="also run each pair with the adaptive draft length (adaptive_k)")
     ap.add_argument("--data", type=Path, default=DATA)
@@ -320,12 +324,14 @@ def main() -> None:
                   ("smollm2-135m", "  recovery=prefix", ["--recovery", "prefix"]),
                   ("smollm2-135m", "  no healing", ["--no-heal"]),
                   ("smollm2-135m", "  plain tail tokenization", ["--no-in-context"])]
-    pairs.append(("qwen2.5-0.5b", "Qwen 0.5B -> Qwen 1.5B (token path)", []))
+    if args.token_pair:
+        pairs.append(("qwen2.5-0.5b", "Qwen 0.5B -> Qwen 1.5B (token path)", []))
     for specialist_name, label, extra in pairs:
         stats = work / f"{len(configs)}.jsonl"
         proc, url = start_companion(specialist_name, args.precision, stats, extra)
         k_label = len(args.ks) > 1 or args.ks != [4] or args.adaptive
         ks: list[int | None] = [*args.ks, *([None] if args.adaptive else [])]
+        label += " P_S0 on device" if args.s0_on_device else ""
         pair_configs = [Config(f"{label} g={args.gamma}" + (
             (" adaptive K" if k is None else f" K={k}") if k_label else "")) for k in ks]
         try:
@@ -338,6 +344,7 @@ def main() -> None:
                 for k, config in zip(ks, pair_configs, strict=True):
                     sizing = dict(adaptive_k=True) if k is None else dict(k=k)
                     run = timed_stream(client, user, gamma=args.gamma, **sizing,
+                                       s0_on_device=args.s0_on_device,
                                        max_new_tokens=args.max_new_tokens, offline="fail")
                     config.runs.append(run)
                     rate = run.decode_bytes / max(run.decode_s, 1e-9)

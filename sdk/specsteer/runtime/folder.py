@@ -118,3 +118,23 @@ def resolve_folder(name_or_folder: str | Path, precision: str | None) -> Path:
             f"`specsteer models fetch {spec.name} && specsteer models compile {spec.name}`"
         )
     return folder
+
+
+class FolderModel:
+    """What every runtime's model exposes about its compiled folder (the seam's identity part)."""
+
+    def __init__(self, folder: str | Path, *, verify: bool = False) -> None:
+        info = ModelFolder.open(folder, verify=verify)
+        self.info = info
+        self.folder = info.folder
+        self.manifest = info.manifest
+        self.name: str = info.name
+        self.precision: str = info.precision
+        self.sha256: str = info.sha256
+        self.vocab_size: int = info.vocab_size
+        self.context_length: int = info.context_length
+        self.tokenizer = info.tokenizer
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.name!r}, {self.precision}, sha256={self.sha256[:12]})"
+

@@ -17,7 +17,7 @@ import onnxruntime_genai as og
 
 from specsteer.runtime.folder import (
     DEFAULT_MAX_LENGTH,
-    ModelFolder,
+    FolderModel,
     check_ids,
     check_rewind,
     resolve_folder,
@@ -59,20 +59,12 @@ class OnnxSession:
         self._generator = None  # type: ignore[assignment]
 
 
-class OnnxModel:
+class OnnxModel(FolderModel):
     """A compiled model folder loaded into ONNX Runtime GenAI."""
 
     def __init__(self, folder: str | Path, *, threads: int = 1, verify: bool = False) -> None:
-        info = ModelFolder.open(folder, verify=verify)
-        self.info = info
-        self.folder = info.folder
-        self.manifest = info.manifest
-        self.name: str = info.name
-        self.precision: str = info.precision
-        self.sha256: str = info.sha256
-        self.vocab_size: int = info.vocab_size
-        self.context_length: int = info.context_length
-        self.tokenizer = info.tokenizer
+        super().__init__(folder, verify=verify)
+        info = self.info
         config = og.Config(str(self.folder))
         config.clear_providers()
         options = {"intra_op_num_threads": threads, "inter_op_num_threads": 1}
@@ -86,9 +78,6 @@ class OnnxModel:
     def new_session(self, max_length: int | None = None) -> OnnxSession:
         """An empty session; `max_length` bounds its KV cache (default 4096, at most the window)."""
         return OnnxSession(self, self.info.session_length(max_length))
-
-    def __repr__(self) -> str:
-        return f"OnnxModel({self.name!r}, {self.precision}, sha256={self.sha256[:12]})"
 
 
 def load_model(

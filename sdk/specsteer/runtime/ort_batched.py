@@ -41,7 +41,7 @@ import numpy as np
 import onnxruntime as ort
 
 from specsteer.errors import CorruptModelError, ModelError, SessionError
-from specsteer.runtime.folder import ModelFolder, check_ids, check_rewind, resolve_folder
+from specsteer.runtime.folder import FolderModel, check_ids, check_rewind, resolve_folder
 
 QUERY_SEQLENS = "query_seqlens"
 _QUERY_SEQLENS_SLOT = 16  # GroupQueryAttention's optional input: valid new tokens per row
@@ -145,20 +145,12 @@ class BatchedSession:
         return kv
 
 
-class BatchedModel:
+class BatchedModel(FolderModel):
     """A compiled folder in a raw `onnxruntime.InferenceSession`; sessions batch into one run."""
 
     def __init__(self, folder: str | Path, *, threads: int = 1, verify: bool = False) -> None:
-        info = ModelFolder.open(folder, verify=verify)
-        self.info = info
-        self.folder = info.folder
-        self.manifest = info.manifest
-        self.name: str = info.name
-        self.precision: str = info.precision
-        self.sha256: str = info.sha256
-        self.vocab_size: int = info.vocab_size
-        self.context_length: int = info.context_length
-        self.tokenizer = info.tokenizer
+        super().__init__(folder, verify=verify)
+        info = self.info
         self.threads = threads
         decoder = info.genai["decoder"]
         options = ort.SessionOptions()
@@ -285,9 +277,6 @@ class BatchedModel:
         """
         shape = (self._layers, 2, batch, self._kv_heads, past, self._head_size)
         return np.empty(shape, self._kv_dtype)
-
-    def __repr__(self) -> str:
-        return f"BatchedModel({self.name!r}, {self.precision}, sha256={self.sha256[:12]})"
 
 
 def load_batched_model(
