@@ -7,8 +7,9 @@ import shutil
 
 import numpy as np
 import pytest
+from conftest import check_session_errors
 
-from specsteer.errors import CorruptModelError, ModelNotCompiled, SessionError, TokenizerMissing
+from specsteer.errors import CorruptModelError, ModelNotCompiled, TokenizerMissing
 from specsteer.runtime import load_model
 
 TEXT = "Dear team, thank you for the meeting notes. I will send the revised draft by Friday."
@@ -66,16 +67,7 @@ def test_two_models_differ(tiny_model, tiny_generalist):
 
 
 def test_session_errors(tiny_model):
-    session = tiny_model.new_session(max_length=8)
-    with pytest.raises(SessionError, match="token ids must lie"):
-        session.append([tiny_model.vocab_size])
-    with pytest.raises(SessionError, match="at least one"):
-        session.append([])
-    session.append([1, 2, 3])
-    with pytest.raises(SessionError, match="cannot rewind"):
-        session.rewind(4)
-    with pytest.raises(SessionError, match="max_length"):
-        session.append(list(range(10, 16)))
+    check_session_errors(tiny_model)
 
 
 def test_greedy_matches_transformers_reference(tmp_path, tiny_model):

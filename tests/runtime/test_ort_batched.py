@@ -10,6 +10,7 @@ import os
 
 import numpy as np
 import pytest
+from conftest import check_session_errors
 
 from specsteer.errors import SessionError
 from specsteer.runtime import load_model
@@ -138,16 +139,7 @@ def test_closed_session_fails_alone(tiny_batched):
 
 
 def test_session_errors(tiny_batched):
-    session = tiny_batched.new_session(max_length=8)
-    with pytest.raises(SessionError, match="token ids must lie"):
-        session.append([tiny_batched.vocab_size])
-    with pytest.raises(SessionError, match="at least one"):
-        session.append([])
-    session.append([1, 2, 3])
-    with pytest.raises(SessionError, match="cannot rewind"):
-        session.rewind(4)
-    with pytest.raises(SessionError, match="max_length"):
-        session.append(list(range(10, 16)))
+    session = check_session_errors(tiny_batched)
     with pytest.raises(SessionError, match="only once"):
         tiny_batched.append_batch([(session, [1]), (session, [2])])
     assert session.length == 3
