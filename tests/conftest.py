@@ -44,21 +44,3 @@ def real_model(name: str, precision: str | None = None) -> OnnxModel:
         pytest.skip("SPECSTEER_SKIP_REAL is set")
     fetch(name)
     return load_model(compile_model(name, precision))
-
-
-def check_session_errors(model) -> None:
-    """The seam's session errors, the same for every runtime (shared by the runtime tests)."""
-    from specsteer.errors import SessionError
-
-    session = model.new_session(max_length=8)
-    with pytest.raises(SessionError, match="token ids must lie"):
-        session.append([model.vocab_size])
-    with pytest.raises(SessionError, match="at least one"):
-        session.append([])
-    session.append([1, 2, 3])
-    with pytest.raises(SessionError, match="cannot rewind"):
-        session.rewind(4)
-    with pytest.raises(SessionError, match="max_length"):
-        session.append(list(range(10, 16)))
-    return session
-

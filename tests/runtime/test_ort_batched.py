@@ -10,7 +10,7 @@ import os
 
 import numpy as np
 import pytest
-from conftest import check_session_errors
+from session_checks import check_session_errors
 
 from specsteer.errors import SessionError
 from specsteer.runtime import load_model
