@@ -484,6 +484,18 @@ def test_device_checks_model_hashes_in_hello_ok() -> None:
     device.data_to_send()
     reply = HelloOk("0.1", G_SHA, "c" * 64, VOCAB, 16, 8192, 2**16, 1024)
     assert_code(ErrorCode.MODEL_MISMATCH, device.receive_frame, encode(reply))
+    device = DeviceConnection()
+    device.hello(G_SHA, S_SHA)
+    device.data_to_send()
+    wrong_g = HelloOk("0.1", "d" * 64, S_SHA, VOCAB, 16, 8192, 2**16, 1024)
+    assert_code(ErrorCode.MODEL_MISMATCH, device.receive_frame, encode(wrong_g))
+    # A companion hosting no generic Specialist (empty hash) is accepted: sessions that need
+    # its P_S0 are refused when they open, the others send P_S0 themselves.
+    device = DeviceConnection()
+    device.hello(G_SHA, S_SHA)
+    device.data_to_send()
+    device.receive_frame(encode(HelloOk("0.1", G_SHA, "", VOCAB, 16, 8192, 2**16, 1024)))
+    assert device.state is State.READY
     # An empty expected Specialist hash (P_S0 on the device) accepts whatever is served.
     device = DeviceConnection()
     device.hello(G_SHA, "")

@@ -134,11 +134,12 @@ class CompanionEndpoint:
                            f"this companion serves Generalist {g.name} {g.sha256[:12]}, "
                            f"not {hello.generalist_sha256[:12]}")
             return
-        if hello.specialist_sha256 and (s is None or hello.specialist_sha256 != s.sha256):
-            held = f"{s.name} {s.sha256[:12]}" if s is not None else "none"
+        # A companion without a generic Specialist never computes P_S0: any device may connect,
+        # and only sessions that send P_S0 themselves (s0_on_device) are accepted at open.
+        if hello.specialist_sha256 and s is not None and hello.specialist_sha256 != s.sha256:
             self.conn.fail(ErrorCode.MODEL_MISMATCH,
                            f"the device's Specialist {hello.specialist_sha256[:12]} is not the "
-                           f"companion's generic Specialist ({held}); "
+                           f"companion's generic Specialist ({s.name} {s.sha256[:12]}); "
                            "both must be the same artifact")
             return
         self.conn.accept_hello(

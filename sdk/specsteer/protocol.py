@@ -1199,7 +1199,9 @@ class DeviceConnection(_Connection):
             ("Generalist", self._hello.generalist_sha256, message.generalist_sha256),
             ("Specialist", self._hello.specialist_sha256, message.specialist_sha256),
         ):
-            if expected and expected != got:
+            # an empty Specialist hash: the companion hosts no generic Specialist, so only
+            # sessions with P_S0 on the device will open (it refuses the others at open)
+            if expected and expected != got and (got or what == "Generalist"):
                 raise ProtocolError(
                     ErrorCode.MODEL_MISMATCH,
                     f"companion serves {what} {got or '(none)'}, device expects {expected}",

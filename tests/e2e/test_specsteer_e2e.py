@@ -268,3 +268,20 @@ def test_presets(tiny_model, verifier, store):
     assert opened[-1].gamma == pytest.approx(0.3)
     with pytest.raises(ValueError, match="unknown preset"):
         client.generate(SUBJECT, preset="turbo")
+
+
+def test_a_companion_without_generic_specialist_serves_device_placed_p_s0(
+    tiny_model, tiny_generalist, verifier, store
+):
+    """`serve --specialist none`: devices on the `fast` preset send P_S0 and get the same tokens;
+    a session that needs the companion's P_S0 is refused with a clear error."""
+    bare = Verifier(tiny_generalist, None)
+    expected = Client(tiny_model, history=store, companion=_local(verifier)).generate(
+        SUBJECT, preset="fast", max_new_tokens=24
+    )
+    with CompanionServer(bare).running() as url:
+        client = Client(tiny_model, history=store, companion=url)
+        got = client.generate(SUBJECT, preset="fast", max_new_tokens=24, offline="fail")
+        assert got.tokens == expected.tokens and not got.stats.degraded
+        with pytest.raises(CompanionError, match="send logp_S0 from the device"):
+            client.generate(SUBJECT, max_new_tokens=8, offline="fail")
