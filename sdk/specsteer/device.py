@@ -140,6 +140,12 @@ class _Local:
     def row(self, value: np.ndarray) -> None:
         self._row = value
 
+    @property
+    def length(self) -> int:
+        """Tokens held, the prompt included (prefills it first if that has not happened)."""
+        self.row  # noqa: B018
+        return self.session.length
+
     def push(self, token: int) -> np.ndarray:
         self.row  # noqa: B018 - prefill first if it has not happened yet
         self._row = self.session.append([token])[-1]
@@ -429,10 +435,9 @@ def _remote_tokens(
             off = len(committed)
             if s0 is not None:
                 if ahead_s0 is not None:  # won bet: [guess, *draft] is already in the session
-                    s0_base, s0_rows = s0.session.length - off - len(draft), ahead_s0
+                    s0_base, s0_rows = s0.length - off - len(draft), ahead_s0
                 else:
-                    s0.row  # noqa: B018 - prefill first, so that the base length counts the prompt
-                    s0_base, s0_rows = s0.session.length, _extend(s0, [*committed, *draft])
+                    s0_base, s0_rows = s0.length, _extend(s0, [*committed, *draft])
                 ahead_s0 = None
                 lp = steer.log_softmax(s0_rows, params.temperature)
                 s0_draft = [float(lp[off + j, t]) for j, t in enumerate(draft)]
@@ -475,22 +480,18 @@ def _remote_tokens(
                     scores = values + params.alpha * logp_sc
                 token = steer.pick(ids, scores, params.temperature, rng)
             bet = None if ahead is None else n == len(draft) and token == guess
-            if ahead is not None and not bet:
-                ahead = None  # lost bet
             if sizer is not None and mode is Mode.SPECSTEER:
                 k = sizer.observe(
-                    len(draft), n, len(committed) + len(draft), link.last_round_s,
-                    current.step_s, bet,
+                    len(draft), n, off + len(draft), link.last_round_s, current.step_s, bet
                 )
-            if ahead is None:
-                ahead_s0 = None
+            if bet:
+                stats.pipelined += 1
+            else:  # lost bet, or none placed: back to the accepted prefix
+                ahead = ahead_s0 = None
+                local.session.rewind(min(current.base + n, local.session.length))
             if s0 is not None and s0_rows is not None and ahead_s0 is None:
                 s0.session.rewind(s0_base + off + n)
                 s0.row = s0_rows[off + n]
-            if ahead is None:
-                local.session.rewind(min(current.base + n, local.session.length))
-            else:
-                stats.pipelined += 1
             stats.device_s += time.perf_counter() - t1
             stats.wait_s = link.stats.wait_s
             for t in draft[:n]:
@@ -529,8 +530,7 @@ def _draft(
     eos: frozenset[int],
     stop: Callable[[], bool] | None = None,
 ) -> _Drafted:
-    row = local.row  # prefills first if needed, so that `base` counts the prompt
-    drafted = _Drafted(local.session.length, [], [row])
+    drafted = _Drafted(local.length, [], [local.row])
     started = time.perf_counter()
     for _ in range(k):
         if stop is not None and drafted.tokens and stop():
