@@ -33,11 +33,11 @@ from pathlib import Path
 import numpy as np
 
 from specsteer.client import Client
+from specsteer.eval.data import shared_file
 from specsteer.eval.metrics import rouge
 from specsteer.history import HistoryStore, load_shared_user
 from specsteer.runtime import load_model
 
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "newsgroups_top100_senders.json"
 DEVICE_CORE, COMPANION_CORE = 0, 1
 GENERALIST = "qwen2.5-1.5b"
 
@@ -295,9 +295,10 @@ def main() -> None:
                     help="also run the same-tokenizer Qwen 0.5B -> 1.5B pair")
     ap.add_argument("--adaptive", action="store_true",
                     help="also run each pair with the adaptive draft length (adaptive_k)")
-    ap.add_argument("--data", type=Path, default=DATA)
+    ap.add_argument("--data", type=Path, help="default: the shared newsgroups set")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
+    args.data = args.data or shared_file("email")
     _pin(DEVICE_CORE)
     users = [load_shared_user(args.data, args.first_user + i) for i in range(args.users)]
     configs: list[Config] = []

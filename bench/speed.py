@@ -32,17 +32,11 @@ from rich.console import Console
 from rich.table import Table
 
 from specsteer.client import Client
+from specsteer.eval.data import shared_file
 from specsteer.history import HistoryStore, load_shared_user
 from specsteer.runtime import load_model
 from specsteer_companion.process import start_companion
 
-DATA = (
-    Path(__file__).resolve().parents[1]
-    / ".."
-    / "shared"
-    / "data"
-    / "newsgroups_top100_senders.json"
-)
 DEVICE_CORE, COMPANION_CORE = 0, 1
 
 
@@ -153,9 +147,10 @@ def main() -> None:
     ap.add_argument("--users", type=int, default=2)
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--max-prompt-tokens", type=int, default=640)
-    ap.add_argument("--data", type=Path, default=DATA)
+    ap.add_argument("--data", type=Path, help="default: the shared newsgroups set")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
+    args.data = args.data or shared_file("email")
     console = Console(width=160)
     _pin(DEVICE_CORE)
     s_precision = args.specialist_precision or args.precision

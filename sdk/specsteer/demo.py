@@ -13,14 +13,6 @@ from pathlib import Path
 
 from specsteer.models.registry import home
 
-DEFAULT_DATA = (
-    Path(__file__).resolve().parents[2]
-    / ".."
-    / "shared"
-    / "data"
-    / "newsgroups_top100_senders.json"
-)
-
 
 def prepare_models(names: list[str], precision: str, say: Callable[[str], None]) -> None:
     """Fetch and compile what the demo needs (cached after the first run)."""

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 import pytest
 
 from specsteer.client import Client
+from specsteer.eval.data import EvalError, shared_file
 from specsteer.history import HistoryStore, load_shared_user
 from specsteer.runtime import load_model
 from specsteer_companion.local import LocalChannel
@@ -15,13 +15,6 @@ from specsteer_companion.server import CompanionServer
 from specsteer_companion.verifier import Verifier
 
 pytestmark = pytest.mark.real_model
-DATA = (
-    Path(__file__).resolve().parents[2]
-    / ".."
-    / "shared"
-    / "data"
-    / "newsgroups_top100_senders.json"
-)
 CANARY = "XKQ-CANARY-0917-bittern"
 
 
@@ -42,9 +35,11 @@ def pair():
 
 @pytest.fixture(scope="module")
 def sender():
-    if not DATA.exists():
-        pytest.skip(f"{DATA} is not there")
-    user = load_shared_user(DATA, 1)
+    try:
+        data = shared_file("email")
+    except EvalError as exc:
+        pytest.skip(str(exc))
+    user = load_shared_user(data, 1)
     store = HistoryStore(memory=True)
     store.add_many(user.records)
     store.add(kind="email", title=user.query.get("subject", ""), body=f"Remember {CANARY}.")

@@ -135,9 +135,10 @@ def register(app: typer.Typer) -> None:
     @app.command()
     def demo(
         user: Annotated[int, typer.Option(help="Sender index in the newsgroups data")] = 0,
-        data: Annotated[Path, typer.Option(help="newsgroups_top100_senders.json")] = Path(
-            "../shared/data/newsgroups_top100_senders.json"
-        ),
+        data: Annotated[
+            Path | None,
+            typer.Option(help="newsgroups_top100_senders.json (default: the shared data set)"),
+        ] = None,
         specialist: Annotated[str, typer.Option()] = "qwen2.5-0.5b",
         generalist: Annotated[str, typer.Option()] = "qwen2.5-1.5b",
         precision: Annotated[str, typer.Option()] = "int8",
@@ -151,12 +152,13 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """The main job: a real email in a sender's voice via SDK + companion on real models."""
         from specsteer import demo as demo_lib
+        from specsteer.eval.data import shared_file
         from specsteer_companion.process import start_companion
 
         say = lambda msg: console.print(f"[dim]{msg}[/dim]")  # noqa: E731
         try:
             demo_lib.prepare_models([specialist, generalist], precision, say)
-            store, shared = demo_lib.user_store(data, user)
+            store, shared = demo_lib.user_store(data or shared_file("email"), user)
             say(f"history: {sum(store.stats()['kinds'].values())} earlier posts of {shared.user}")
             say("starting the companion (loads the Generalist and the generic Specialist)...")
             proc, url = start_companion(generalist, specialist, precision)

@@ -63,6 +63,14 @@ def shared_data_dir() -> Path:
     )
 
 
+def shared_file(task: str) -> Path:
+    """The shared data set that serves `task` (EvalError when none does or it is not there)."""
+    if task not in SHARED_FILES:
+        raise EvalError(f"no shared data set serves task {task!r} (shared: "
+                        f"{sorted(SHARED_FILES)}); pass --data PATH in LaMP format")
+    return shared_data_dir() / SHARED_FILES[task]
+
+
 # ----------------------------------------------------------------------- LaMP / LongLaMP inputs
 
 def _after(prefix: str) -> Callable[[str], dict[str, str] | None]:
@@ -239,10 +247,7 @@ def load_examples(task: str, data: str | os.PathLike[str] | None = None,
     if users is not None and users < 1:
         raise EvalError("users must be >= 1")
     if data is None:
-        if task not in SHARED_FILES:
-            raise EvalError(f"no shared data set serves task {task!r} (shared: "
-                                f"{sorted(SHARED_FILES)}); pass --data PATH in LaMP format")
-        return _load_shared(shared_data_dir() / SHARED_FILES[task], task, users)
+        return _load_shared(shared_file(task), task, users)
     path = Path(data)
     if not path.is_file():
         raise EvalError(f"{path} does not exist")
