@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from wire_bytes import varint
 
 from specsteer.errors import ProtocolError
 from specsteer.protocol import (
@@ -219,15 +220,6 @@ def test_counts_over_limits() -> None:
     rows = RowReply((1, 2, 3), (0,) * 3, (0,) * 3)
     assert_code(ErrorCode.LIMIT_EXCEEDED, decode, encode(rows), limits)
     assert decode(encode(Draft(0, (1,) * 3, (1,) * 4)), limits) == Draft(0, (1,) * 3, (1,) * 4)
-
-
-def varint(value: int) -> bytes:
-    out = bytearray()
-    while value > 0x7F:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
 
 
 @pytest.mark.parametrize(

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 import pytest
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
+from wire_bytes import varint
 
 from specsteer import protocol
 from specsteer.client import Client
@@ -64,21 +65,12 @@ CASES = [  # the honest device: all three session modes
 ]
 
 
-def _varint(value: int) -> bytes:
-    out = bytearray()
-    while value > 0x7F:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
-
-
 def _frame(kind: protocol.MessageType, *parts: bytes) -> bytes:
     return bytes((protocol.PROTOCOL_VERSION, kind)) + b"".join(parts)
 
 
 def _ids(ids: list[int]) -> bytes:
-    return _varint(len(ids)) + b"".join(_varint(i) for i in ids)
+    return varint(len(ids)) + b"".join(varint(i) for i in ids)
 
 
 def _settings(
@@ -167,11 +159,11 @@ class Fuzzer:
                 "draft id >= vocab",
                 _frame(
                     protocol.MessageType.DRAFT,
-                    _varint(r),
+                    varint(r),
                     _ids([]),
-                    _varint(2 << 1),
-                    _varint(5),
-                    _varint(bad_id),
+                    varint(2 << 1),
+                    varint(5),
+                    varint(bad_id),
                 ),
                 frozenset({ErrorCode.BAD_TOKEN}),
             ),
@@ -185,7 +177,7 @@ class Fuzzer:
                 _frame(
                     protocol.MessageType.OPEN_SESSION,
                     _settings(),
-                    _varint(rng.randrange(LIMITS.max_prompt_tokens + 1, 2**32)),
+                    varint(rng.randrange(LIMITS.max_prompt_tokens + 1, 2**32)),
                     b"\x01",
                 ),
                 frozenset({ErrorCode.LIMIT_EXCEEDED}),
@@ -194,9 +186,9 @@ class Fuzzer:
                 "huge draft count",
                 _frame(
                     protocol.MessageType.DRAFT,
-                    _varint(r),
+                    varint(r),
                     _ids([]),
-                    _varint(rng.randrange(LIMITS.max_draft + 1, 2**31) << 1),
+                    varint(rng.randrange(LIMITS.max_draft + 1, 2**31) << 1),
                     b"\x01",
                 ),
                 frozenset({ErrorCode.LIMIT_EXCEEDED}),
@@ -205,7 +197,7 @@ class Fuzzer:
                 "count without bytes",
                 _frame(
                     protocol.MessageType.ROW_REQUEST,
-                    _varint(rng.randrange(2, PROMPT_LIMIT + 1)),
+                    varint(rng.randrange(2, PROMPT_LIMIT + 1)),
                     b"\x01",
                 ),
                 frozenset({ErrorCode.BAD_FRAME}),
@@ -219,10 +211,10 @@ class Fuzzer:
                 "NaN logp_s0",
                 _frame(
                     protocol.MessageType.DRAFT,
-                    _varint(r),
+                    varint(r),
                     _ids([]),
-                    _varint(1 << 1 | 1),
-                    _varint(5),
+                    varint(1 << 1 | 1),
+                    varint(5),
                     b"\x00\x7e",
                 ),
                 frozenset({ErrorCode.BAD_VALUE}),
