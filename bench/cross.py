@@ -62,6 +62,7 @@ def companion_main(argv: list[str]) -> None:
     ap.add_argument("--generalist", default=GENERALIST)
     ap.add_argument("--specialist", required=True)
     ap.add_argument("--precision", default="int8")
+    ap.add_argument("--specialist-precision")
     ap.add_argument("--tail", default="marginal")
     ap.add_argument("--recovery", default="token")
     ap.add_argument("--heal", action=argparse.BooleanOptionalAction, default=True)
@@ -70,7 +71,7 @@ def companion_main(argv: list[str]) -> None:
     ap.add_argument("--stats", type=Path, required=True)
     args = ap.parse_args(argv)
     g = load_model(args.generalist, precision=args.precision)
-    s = load_model(args.specialist, precision=args.precision)
+    s = load_model(args.specialist, precision=args.specialist_precision or args.precision)
 
     class Logged:
         """A CrossVerifierSession that appends its stats to a JSON-lines file when closed."""
@@ -280,6 +281,7 @@ def main() -> None:
     ap.add_argument("--max-prompt-tokens", type=int, default=640)
     ap.add_argument("--gamma", type=float, default=0.1)
     ap.add_argument("--precision", default="int8")
+    ap.add_argument("--specialist-precision", help="the Specialists', if not --precision's")
     ap.add_argument("--variants", action="store_true",
                     help="also run the text path's alternatives: tail=backoff, "
                          "recovery=prefix, no healing, plain tail tokenization")
@@ -299,6 +301,7 @@ def main() -> None:
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     args.data = args.data or shared_file("email")
+    s_precision = args.specialist_precision or args.precision
     _pin(DEVICE_CORE)
     users = [load_shared_user(args.data, args.first_user + i) for i in range(args.users)]
     configs: list[Config] = []
@@ -307,7 +310,7 @@ def main() -> None:
 
     def alone(label: str) -> Config:
         g = load_model(GENERALIST, precision=args.precision)
-        smol = load_model("smollm2-135m", precision=args.precision)
+        smol = load_model("smollm2-135m", precision=s_precision)
         config = Config(f"Qwen 1.5B alone (ORT {args.precision}) {label}")
         for user in users:
             text, _ = public_text(smol, user, args.max_prompt_tokens)
@@ -329,14 +332,15 @@ def main() -> None:
         pairs.append(("qwen2.5-0.5b", "Qwen 0.5B -> Qwen 1.5B (token path)", []))
     for specialist_name, label, extra in pairs:
         stats = work / f"{len(configs)}.jsonl"
-        proc, url = start_companion(specialist_name, args.precision, stats, extra)
+        proc, url = start_companion(specialist_name, args.precision, stats,
+                                    [*extra, "--specialist-precision", s_precision])
         k_label = len(args.ks) > 1 or args.ks != [4] or args.adaptive
         ks: list[int | None] = [*args.ks, *([None] if args.adaptive else [])]
         label += " P_S0 on device" if args.s0_on_device else ""
         pair_configs = [Config(f"{label} g={args.gamma}" + (
             (" adaptive K" if k is None else f" K={k}") if k_label else "")) for k in ks]
         try:
-            specialist = load_model(specialist_name, precision=args.precision)
+            specialist = load_model(specialist_name, precision=s_precision)
             for user in users:
                 store = HistoryStore(memory=True)
                 store.add_many(user.records)
@@ -361,7 +365,7 @@ def main() -> None:
         gc.collect()
     configs.append(alone("(after)"))
     if args.hf:
-        smol = load_model("smollm2-135m", precision=args.precision)
+        smol = load_model("smollm2-135m", precision=s_precision)
         prompts = [public_text(smol, user, args.max_prompt_tokens)[0] for user in users]
         del smol
         configs.extend(hf_assisted(users, prompts, args.max_new_tokens))

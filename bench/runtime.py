@@ -254,7 +254,7 @@ def time_engine(engine, ctx: list[int], args: argparse.Namespace) -> tuple[Timin
 def bench_model(name: str, args: argparse.Namespace, say: Callable[[str], None]) -> dict | None:
     """All measurements of one model; None (with a note) when nothing of it can run."""
     spec = get_spec(name)
-    order = [p for p in ("fp32", "int8", "int4") if p in args.precisions]
+    order = [p for p in ("fp32", "int8", "w8a8", "int4") if p in args.precisions]
     present = [p for p in order if compiled_dir(spec, p).is_dir()]
     for p in order:
         if p not in present:

@@ -174,6 +174,8 @@ def main() -> None:
             gamma=0.1, adaptive_k=True, s0_on_device=True
         ),
         "specsteer g=0.1 top_p=0.9": dict(gamma=0.1, top_p=0.9),
+        "specsteer g=0.1 top_k=32": dict(gamma=0.1, top_k=32),
+        "specsteer g=0.1 top_k=16": dict(gamma=0.1, top_k=16),
     }
     if args.only:
         unknown = set(args.only) - set(configs)
@@ -235,6 +237,7 @@ def main() -> None:
                         apr=st.accepted / rounds,
                         k=0 if params.get("adaptive_k") else params.get("k", 4),
                         s0=params.get("s0_on_device", False),
+                        text=result.text,
                     )
                 )
                 console.print(
@@ -305,6 +308,11 @@ def main() -> None:
         )
     console.print(table)
     console.print({k: f"{v * 1e3:.1f} ms" for k, v in costs.items()})
+    reference = results.get("specsteer g=0.1")
+    for name, runs in results.items():  # does a smaller candidate set change the text?
+        if reference and "top_" in name:
+            same = sum(r["text"] == ref["text"] for r, ref in zip(runs, reference, strict=True))
+            console.print(f"{name}: same text as 'specsteer g=0.1' for {same}/{len(runs)} users")
     if args.json:
         args.json.write_text(
             json.dumps(

@@ -30,12 +30,8 @@ app = typer.Typer(
 )
 
 
-class Precision(str, Enum):
-    """Weight precision of a compiled ONNX Runtime GenAI folder."""
-
-    int4 = "int4"
-    int8 = "int8"
-    fp32 = "fp32"
+# Weight precision of a compiled ONNX Runtime GenAI folder (one list: the registry's).
+Precision = Enum("Precision", {p: p for p in registry.PRECISIONS}, type=str)
 
 
 NameArg = Annotated[str, typer.Argument(help="Registry model name (see `specsteer models list`).")]

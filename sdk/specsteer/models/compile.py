@@ -1,7 +1,8 @@
 """Compile a fetched GGUF into an ONNX Runtime GenAI folder (build time only).
 
 GGUF → dequantized Hugging Face folder (transformers' GGUF loader) → onnxruntime-genai's model
-builder at int4/int8/fp32 → tokenizer.json + `specsteer.json` manifest. Each heavy step runs in
+builder at int4/int8/fp32 → tokenizer.json + `specsteer.json` manifest (`w8a8`: the int8
+folder with its linear layers rewritten by `specsteer.models.w8a8`). Each heavy step runs in
 its own subprocess so its memory is returned before the next one starts, and the result is
 built in a temporary folder and renamed into place, so a half-built model is never used.
 torch/transformers are needed here only, never on the device at run time. Nothing touches a hub.
@@ -116,6 +117,8 @@ def compile_model(
             f"{spec.name} is not fetched; run `specsteer models fetch {spec.name}`"
         )
     verify(spec, gguf)
+    if precision == "w8a8":
+        source = compile_model(name, "int8", progress=progress)
     dest.parent.mkdir(parents=True, exist_ok=True)
     for stale in dest.parent.glob(f".{dest.name}.*"):  # left by a compile that was killed
         shutil.rmtree(stale, ignore_errors=True)
@@ -124,25 +127,39 @@ def compile_model(
     log.write_text("")
     try:
         started = time.monotonic()
-        hf_dir = work / "hf"
-        say(f"{spec.name}: dequantizing the GGUF with transformers (log: {log})")
-        _run_step([sys.executable, "-m", "specsteer.models.compile", "export", str(gguf),
-                   str(hf_dir)], log, "GGUF export")
         out = work / "onnx"
-        say(f"{spec.name}: building the ONNX Runtime GenAI model at {precision}")
-        _run_step([sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(hf_dir),
-                   "-o", str(out), "-p", precision, "-e", "cpu", "-c", str(work / "cache")],
-                  log, "onnxruntime-genai model builder")
-        if not (out / "tokenizer.json").exists():
-            shutil.copy2(hf_dir / "tokenizer.json", out / "tokenizer.json")
+        if precision == "w8a8":
+            _rewrite_w8a8(spec, source, out, log, say)
+        else:
+            hf_dir = work / "hf"
+            say(f"{spec.name}: dequantizing the GGUF with transformers (log: {log})")
+            _run_step([sys.executable, "-m", "specsteer.models.compile", "export", str(gguf),
+                       str(hf_dir)], log, "GGUF export")
+            say(f"{spec.name}: building the ONNX Runtime GenAI model at {precision}")
+            _run_step([sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(hf_dir),
+                       "-o", str(out), "-p", precision, "-e", "cpu", "-c", str(work / "cache")],
+                      log, "onnxruntime-genai model builder")
+            if not (out / "tokenizer.json").exists():
+                shutil.copy2(hf_dir / "tokenizer.json", out / "tokenizer.json")
         _write_manifest(spec, precision, out, time.monotonic() - started)
-        if dest.exists():
-            shutil.rmtree(dest)
-        os.replace(out, dest)
+        _install(out, dest)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     say(f"{spec.name} {precision}: compiled to {dest}")
     return dest
+
+
+def _rewrite_w8a8(spec: ModelSpec, source: Path, out: Path, log: Path, say) -> None:
+    """The int8 folder `source` with its linear layers rewritten to w8a8, built in `out`."""
+    say(f"{spec.name}: rewriting the int8 model's linear layers to w8a8 (log: {log})")
+    _run_step([sys.executable, "-m", "specsteer.models.w8a8", str(source), str(out)], log,
+              "w8a8 rewrite")
+
+
+def _install(out: Path, dest: Path) -> None:
+    if dest.exists():
+        shutil.rmtree(dest)
+    os.replace(out, dest)
 
 
 def _write_manifest(spec: ModelSpec, precision: str, folder: Path, seconds: float) -> None:
@@ -155,7 +172,8 @@ def _write_manifest(spec: ModelSpec, precision: str, folder: Path, seconds: floa
         source_sha256=spec.sha256,
         architecture=spec.architecture,
         chat_template=spec.chat_template,
-        builder=f"onnxruntime-genai {onnxruntime_genai.__version__}",
+        builder=f"onnxruntime-genai {onnxruntime_genai.__version__}"
+        + (" int8 + specsteer w8a8 rewrite" if precision == "w8a8" else ""),
         compile_seconds=round(seconds, 1),
     )
 

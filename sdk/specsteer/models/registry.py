@@ -14,7 +14,7 @@ from pathlib import Path
 
 from specsteer.errors import UnknownModelError
 
-PRECISIONS = ("int4", "int8", "fp32")
+PRECISIONS = ("int4", "int8", "w8a8", "fp32")
 
 
 @dataclass(frozen=True)
