@@ -424,8 +424,16 @@ def _remote_tokens(
     try:
         while True:
             t0 = time.perf_counter()
-            if ahead is not None:
+            if ahead is not None:  # won bet
                 current, ahead = ahead, None
+                # the bet was cut short when the verdict landed: finish it, so that a round's
+                # draft (where its bonus falls, so the text) never depends on timing
+                cut = len(current.tokens)
+                _draft(local, _budget(params, k, produced), params.temperature, rng, eos,
+                       into=current)
+                if ahead_s0 is not None and len(current.tokens) > cut:
+                    extra = s0.session.append(current.tokens[cut:])
+                    ahead_s0 = np.concatenate([ahead_s0, extra])
             else:
                 if committed:
                     local.push(committed[-1])
@@ -529,10 +537,12 @@ def _draft(
     rng: np.random.Generator | None,
     eos: frozenset[int],
     stop: Callable[[], bool] | None = None,
+    into: _Drafted | None = None,
 ) -> _Drafted:
-    drafted = _Drafted(local.length, [], [local.row])
-    started = time.perf_counter()
-    for _ in range(k):
+    """Draft up to k tokens (`stop` cuts it short), or continue the draft `into` up to k."""
+    drafted = into if into is not None else _Drafted(local.length, [], [local.row])
+    started, before = time.perf_counter(), len(drafted.tokens)
+    while len(drafted.tokens) < k and not (drafted.tokens and drafted.tokens[-1] in eos):
         if stop is not None and drafted.tokens and stop():
             break
         token = _choose(drafted.rows[-1], temperature, rng)
@@ -540,8 +550,8 @@ def _draft(
         if token in eos:  # an end-of-text draft is not appended: nothing follows it
             break
         drafted.rows.append(local.push(token))
-    if drafted.tokens:
-        drafted.step_s = (time.perf_counter() - started) / len(drafted.tokens)
+    if len(drafted.tokens) > before:
+        drafted.step_s = (time.perf_counter() - started) / (len(drafted.tokens) - before)
     return drafted
 
 

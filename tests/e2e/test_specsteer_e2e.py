@@ -11,6 +11,7 @@ from specsteer.client import Client
 from specsteer.device import METHODS
 from specsteer.errors import CompanionError, CompanionUnavailable
 from specsteer.history import HistoryStore
+from specsteer_companion.endpoint import CompanionEndpoint
 from specsteer_companion.local import LocalChannel
 from specsteer_companion.server import CompanionServer
 from specsteer_companion.verifier import Verifier
@@ -46,8 +47,9 @@ def _local(verifier: Verifier):
 
 @pytest.mark.parametrize("method", [m for m in METHODS])
 def test_in_process_equals_networked(tiny_model, verifier, store, method):
-    # pipeline=False: how far a pipelined device drafts ahead depends on when the verdict lands,
-    # so rounds and bytes are reproducible across transports only without it (tokens always are)
+    # pipeline=False: whether a pipelined device's bet (and so its P_S0 frames and timings) was
+    # placed depends on when the verdict lands, so bytes are compared without it (tokens and
+    # rounds are the same either way: test_a_verdict_arriving_early_never_changes_the_output)
     local = Client(tiny_model, history=store, companion=_local(verifier))
     expected = local.generate(SUBJECT, method=method, max_new_tokens=24, pipeline=False)
     with CompanionServer(verifier).running() as url:
@@ -176,8 +178,6 @@ def test_unreachable_companion_degrades_to_local(tiny_model, store):
 
 
 def test_companion_dying_mid_generation_completes_locally(tiny_model, verifier, store):
-    from specsteer_companion.endpoint import CompanionEndpoint
-
     client = Client(
         tiny_model,
         history=store,
@@ -222,6 +222,37 @@ def test_pipelining_never_changes_the_output(tiny_model, verifier, store, extra)
     assert piped.tokens == plain.tokens
     assert piped.provenance == plain.provenance
     assert piped.stats.rounds == plain.stats.rounds
+
+
+class EagerChannel(LocalChannel):
+    """An in-process companion whose verdict is in by the first poll: a pipelined device then
+    stops drafting ahead after one token, as on a fast link."""
+
+    def poll(self) -> bytes | None:
+        while not self._inbox and self._outbox:
+            self._inbox.extend(self.endpoint.handle(self._outbox.popleft()))
+        return super().poll()
+
+
+@pytest.mark.parametrize("extra", [dict(), dict(s0_on_device=True), dict(k=6)])
+def test_a_verdict_arriving_early_never_changes_the_output(tiny_model, store, extra):
+    """A bet drafted while waiting is cut short when the verdict lands; a won bet is then drafted
+    to full length, so each round's draft (and so the text) never depends on timing.
+
+    Generalist == generic Specialist: every draft passes the ratio test and the bonus (fused at
+    alpha 0.5) is mostly the device's own argmax, so bets are won, and sometimes not, so a
+    bonus placed one position earlier would change the text."""
+    same = Verifier(tiny_model, tiny_model)
+    params = dict(max_new_tokens=40, alpha=0.5, **extra)
+    plain = Client(tiny_model, history=store, companion=_local(same))
+    expected = plain.generate(SUBJECT, pipeline=False, **params)
+    eager = Client(tiny_model, history=store,
+                   companion=lambda: EagerChannel(CompanionEndpoint(same)))
+    got = eager.generate(SUBJECT, pipeline=True, **params)
+    assert got.stats.pipelined > 0  # bets were placed, cut short and won
+    assert got.tokens == expected.tokens
+    assert got.provenance == expected.provenance
+    assert got.stats.rounds == expected.stats.rounds
 
 
 @pytest.mark.parametrize("pipeline", [True, False])
