@@ -6,14 +6,15 @@ draft tokens with the int8 Qwen 1.5B costs 2.5 single-token steps, and speculati
 lives on multi-token passes. ONNX Runtime's `MatMulInteger` (MLAS u8 x s8 QGEMM) does the same
 multiply ~2x faster at 5 rows. Each linear layer `y = x @ W` becomes
 
-    W  -> int8 per output channel (symmetric), from the int8 block-32 or fp32 weights;
+    W  -> int8 per output channel (symmetric, +-63: see WEIGHT_LEVELS), from the int8 block-32
+          or fp32 weights;
     x  -> uint8 per row (per token, symmetric around 128), quantized inside the graph;
     y  =  MatMulInteger(x_q, W_q) * row_scale * channel_scale.
 
 Per-token activation scales matter twice: a single-scale (per-tensor) quantization of a whole
 prompt lets the few "massive activation" tokens flatten every other token (measured: 30 % top-1
 agreement on Qwen 0.5B), and rows that never share a scale keep a batched pass equal to each
-session alone (cross-session batching relies on it). Quality is measured in docs/BENCHMARKS.md.
+session alone (cross-session batching relies on it). Quality and speed: docs/models.md.
 """
 
 from __future__ import annotations
@@ -93,7 +94,8 @@ def rewrite(model) -> int:
     nodes, dropped, quantized_inputs, count = [], set(), {}, 0
     for node in graph.node:
         is_linear = (node.op_type == "MatMulNBits" and node.domain == "com.microsoft") or (
-            node.op_type == "MatMul" and node.input[1] in arrays and array(node.input[1]).ndim == 2
+            node.op_type == "MatMul" and node.input[1] in arrays
+            and len(arrays[node.input[1]].dims) == 2
         )
         if not is_linear:
             nodes.append(node)
