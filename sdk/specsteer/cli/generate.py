@@ -59,7 +59,7 @@ def _stats_table(result: Result) -> Table:
         ("companion + network", f"{s.wait_s:.2f} s"),
         ("total", f"{s.total_s:.2f} s"),
         ("bytes up / down", f"{s.bytes_up} / {s.bytes_down} ({s.bytes_per_token:.1f} B/token)"),
-        ("offline-degraded", str(s.degraded)),
+        ("offline-degraded", f"{s.degraded}: {s.offline_reason}" if s.degraded else "False"),
         ("history records used", ", ".join(s.records) or "-"),
     ]
     for key, value in rows:
@@ -153,6 +153,7 @@ def register(app: typer.Typer) -> None:
         """The main job: a real email in a sender's voice via SDK + companion on real models."""
         from specsteer import demo as demo_lib
         from specsteer.eval.data import shared_file
+        from specsteer.runtime import load_model
         from specsteer_companion.process import start_companion
 
         say = lambda msg: console.print(f"[dim]{msg}[/dim]")  # noqa: E731
@@ -163,8 +164,10 @@ def register(app: typer.Typer) -> None:
             say("starting the companion (loads the Generalist and the generic Specialist)...")
             proc, url = start_companion(generalist, specialist, precision)
             try:
+                # the device runs the very artifact the companion serves as P_S0
                 client = Client(
-                    specialist, history=store, companion=url, max_prompt_tokens=max_prompt_tokens
+                    load_model(specialist, precision=precision), history=store, companion=url,
+                    max_prompt_tokens=max_prompt_tokens,
                 )
                 console.print(
                     f"[bold]Subject:[/bold] {shared.query.get('subject')}  "
