@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import signal
 from pathlib import Path
 from typing import Annotated
 
@@ -115,8 +116,18 @@ def serve(
             err=False,
         )
 
+    async def run() -> None:
+        # SIGINT and SIGTERM stop the server cleanly, even when the process was started with
+        # SIGINT ignored (any background job of a non-interactive shell, e.g. under nohup)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            with contextlib.suppress(NotImplementedError):  # Windows: KeyboardInterrupt below
+                loop.add_signal_handler(sig, stop.set)
+        await server.serve(ready, stop)
+
     with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(server.serve(ready))
+        asyncio.run(run())
     for model in models:
         logging.getLogger("specsteer_companion").info("%s batching: %s", model.name, model.stats)
 

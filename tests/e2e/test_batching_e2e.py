@@ -88,8 +88,7 @@ def test_serve_batch_subprocess(tiny_model, tiny_generalist):
             assert result.tokens == expected[(query, method)].tokens, method
     finally:
         proc.send_signal(signal.SIGINT)  # a clean stop: the companion logs its batch counters
-        # generous: in one full CI run the stop took over 20 s (not reproduced alone or under load)
-        out, _ = proc.communicate(timeout=60)
+        out, _ = proc.communicate(timeout=20)
     assert "batching: BatchStats(passes=" in out
 
 
