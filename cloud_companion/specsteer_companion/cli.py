@@ -122,7 +122,9 @@ def serve(
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
-            with contextlib.suppress(NotImplementedError):  # Windows: KeyboardInterrupt below
+            # loops without signal support (Windows) raise NotImplementedError; there Ctrl-C
+            # still arrives as KeyboardInterrupt, suppressed around asyncio.run below
+            with contextlib.suppress(NotImplementedError):
                 loop.add_signal_handler(sig, stop.set)
         await server.serve(ready, stop)
 

@@ -142,7 +142,7 @@ def compile_model(
             if not (out / "tokenizer.json").exists():
                 shutil.copy2(hf_dir / "tokenizer.json", out / "tokenizer.json")
         _write_manifest(spec, precision, out, time.monotonic() - started)
-        _install(out, dest)
+        install_folder(out, dest)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     say(f"{spec.name} {precision}: compiled to {dest}")
@@ -156,7 +156,8 @@ def _rewrite_w8a8(spec: ModelSpec, source: Path, out: Path, log: Path, say) -> N
               "w8a8 rewrite")
 
 
-def _install(out: Path, dest: Path) -> None:
+def install_folder(out: Path, dest: Path) -> None:
+    """Move the finished build `out` to `dest`, replacing an older one (same filesystem)."""
     if dest.exists():
         shutil.rmtree(dest)
     os.replace(out, dest)

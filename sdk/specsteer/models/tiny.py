@@ -18,6 +18,7 @@ import tempfile
 from pathlib import Path
 
 from specsteer.errors import ModelError
+from specsteer.models.compile import install_folder
 from specsteer.models.manifest import write_manifest
 from specsteer.models.registry import home
 
@@ -161,9 +162,7 @@ def build_tiny_model(dest: Path, recipe: dict) -> Path:
             chat_template="chatml",
             recipe=recipe,
         )
-        if dest.exists():
-            shutil.rmtree(dest)
-        os.replace(out, dest)
+        install_folder(out, dest)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return dest

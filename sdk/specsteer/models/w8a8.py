@@ -33,6 +33,7 @@ import numpy as np
 WEIGHT_LEVELS = 63
 ACT_LEVELS = 127
 ZERO = 128
+EPS = 1e-8  # floor of a row's max: an all-zero row quantizes to zeros, not NaN
 
 
 def quantize_channels(weight: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -46,7 +47,7 @@ def quantize_channels(weight: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 def reference_matmul(x: np.ndarray, weight_q: np.ndarray, weight_scale: np.ndarray) -> np.ndarray:
     """What the rewritten graph computes for rows `x` [..., in] (numpy, for tests)."""
     x = x.astype(np.float32)
-    row_max = np.maximum(np.abs(x).max(axis=-1, keepdims=True), np.float32(1e-8))
+    row_max = np.maximum(np.abs(x).max(axis=-1, keepdims=True), np.float32(EPS))
     row_scale = row_max / np.float32(ACT_LEVELS)
     x_q = np.rint(x / row_scale).astype(np.int32)
     acc = x_q @ weight_q.astype(np.int32)
@@ -86,7 +87,7 @@ def rewrite(model) -> int:
 
     consts = {
         "w8a8/axes": np.array([-1], np.int64),
-        "w8a8/eps": np.array(1e-8, np.float32),
+        "w8a8/eps": np.array(EPS, np.float32),
         "w8a8/levels": np.array(ACT_LEVELS, np.float32),
         "w8a8/zero_f": np.array(ZERO, np.float32),
         "w8a8/zero": np.array(ZERO, np.uint8),
