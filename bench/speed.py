@@ -8,11 +8,15 @@ In one run, on the same newsgroups prompts (the sender's history as private cont
 Reported per configuration: decode tokens/s (first to last token: prefill excluded, reported
 separately as time to first token), speed-up over the Generalist alone measured in this run,
 acceptance, bytes per generated token on the wire, and the share of pipelined rounds.
-The analytical ceiling comes from per-step costs measured here on the device's core:
+The analytical ceiling comes from per-step costs measured here on the device's core, after each
+user's runs and at the contexts a round sees (a draft step after the private prompt, scoring
+K+1 tokens after the public one), averaged over users:
   round = K*t_draft + t_score_G(K+1) + t_score_S0(K+1), tokens/round = mean accepted + 1;
   pipelined: a won bet (measured rate) hides the draft behind the verification.
 
     python bench/speed.py --users 2 --max-new-tokens 64 --json bench-speed.json
+    python bench/speed.py --users 4 --repeat 2 --precision w8a8 --only "specsteer g=0.1" \
+        "preset fast"
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import platform
 import statistics
 import time
 import zlib
+from collections import defaultdict
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -32,6 +37,7 @@ from rich.console import Console
 from rich.table import Table
 
 from specsteer.client import Client
+from specsteer.device import PRESETS
 from specsteer.eval.data import shared_file
 from specsteer.history import HistoryStore, load_shared_user
 from specsteer.runtime import load_model
@@ -101,26 +107,31 @@ def generalist_alone(model, prompt_ids: list[int], max_new: int) -> tuple[float,
     return decode_rate(stamps), stamps[0]
 
 
-def step_costs(specialist, generalist, context: list[int], k: int, repeats: int = 5) -> dict:
-    """Median seconds of one decode step and of scoring k+1 tokens, per model, on this core."""
-    costs = {}
-    for name, model in (("S", specialist), ("G", generalist)):
-        session = model.new_session(max_length=len(context) + 64)
-        session.append(context)
-        step, score = [], []
-        for i in range(repeats):
-            t = time.perf_counter()
-            session.append([context[i]])
-            step.append(time.perf_counter() - t)
-            base = session.length
-            t = time.perf_counter()
-            session.append(context[: k + 1])
-            score.append(time.perf_counter() - t)
-            session.rewind(base)
-        costs[f"step_{name}"] = statistics.median(step)
-        costs[f"score_{name}"] = statistics.median(score)
-        session.close()
-    return costs
+def step_cost(model, context: list[int], k: int, repeats: int = 5) -> tuple[float, float]:
+    """Median seconds of one decode step and of scoring k+1 tokens after `context`, this core."""
+    session = model.new_session(max_length=len(context) + 64)
+    session.append(context)
+    step, score = [], []
+    for i in range(repeats):
+        t = time.perf_counter()
+        session.append([context[i]])
+        step.append(time.perf_counter() - t)
+        base = session.length
+        t = time.perf_counter()
+        session.append(context[: k + 1])
+        score.append(time.perf_counter() - t)
+        session.rewind(base)
+    session.close()
+    return statistics.median(step), statistics.median(score)
+
+
+def step_costs(specialist, generalist, private: list[int], public: list[int], k: int) -> dict:
+    """The costs the ceiling needs, each at the context it has in a real round: drafting after
+    the private prompt, P_S0 and the Generalist scoring after the public one."""
+    step_s, _ = step_cost(specialist, private, k)
+    _, score_s = step_cost(specialist, public, k)
+    step_g, score_g = step_cost(generalist, public, k)
+    return dict(step_S=step_s, score_S=score_s, step_G=step_g, score_G=score_g)
 
 
 def ceiling(costs: dict, k: int, accepted_per_round: float, bet_won: float, s0: bool) -> float:
@@ -145,6 +156,9 @@ def main() -> None:
     ap.add_argument("--only", nargs="+", metavar="CONFIG",
                     help="run only these configurations (names as in the table)")
     ap.add_argument("--users", type=int, default=2)
+    ap.add_argument("--repeat", type=int, default=1,
+                    help="run every configuration this many times per user, interleaved (less "
+                         "machine noise in the means)")
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--max-prompt-tokens", type=int, default=640)
     ap.add_argument("--data", type=Path, help="default: the shared newsgroups set")
@@ -176,6 +190,7 @@ def main() -> None:
         "specsteer g=0.1 top_p=0.9": dict(gamma=0.1, top_p=0.9),
         "specsteer g=0.1 top_k=32": dict(gamma=0.1, top_k=32),
         "specsteer g=0.1 top_k=16": dict(gamma=0.1, top_k=16),
+        "preset fast": dict(PRESETS["fast"]),
     }
     if args.only:
         unknown = set(args.only) - set(configs)
@@ -188,6 +203,7 @@ def main() -> None:
     )
     results: dict[str, list] = {name: [] for name in ["generalist alone", *configs]}
     frames: list[tuple[str, bytes]] = []  # every frame of the current generation
+    measured: dict[int, list[dict]] = defaultdict(list)  # per-step costs, per K, per user
     try:
         for user in range(args.users):
             shared = load_shared_user(args.data, user)
@@ -198,56 +214,63 @@ def main() -> None:
                 tap=lambda d, f: frames.append((d, f)),
             )
             _, device_prompt = client.prepare(shared.query, task=shared.task)
-            rate, ttft = generalist_alone(
-                generalist, list(device_prompt.public_ids), args.max_new_tokens
-            )
-            results["generalist alone"].append(
-                dict(
-                    rate=rate,
-                    ttft=ttft,
-                    tokens=args.max_new_tokens,
-                    acc=0.0,
-                    bpt=0.0,
-                    dbpt=0.0,
-                    piped=0.0,
-                    apr=0.0,
-                    k=0,
+            for _ in range(args.repeat):
+                rate, ttft = generalist_alone(
+                    generalist, list(device_prompt.public_ids), args.max_new_tokens
                 )
-            )
-            console.print(
-                f"user {user}: generalist alone {rate:.2f} tok/s "
-                f"(private prompt {len(device_prompt.private_ids)} tokens)"
-            )
-            for name, params in configs.items():
-                frames.clear()
-                stamps, result = timed_stream(
-                    client, shared.query, shared.task, max_new_tokens=args.max_new_tokens, **params
-                )
-                st = result.stats
-                rounds = max(st.rounds, 1)
-                results[name].append(
+                results["generalist alone"].append(
                     dict(
-                        rate=decode_rate(stamps),
-                        ttft=stamps[0] if stamps else 0.0,
-                        tokens=st.tokens,
-                        acc=st.acceptance_rate,
-                        bpt=st.bytes_per_token,
-                        dbpt=deflated_size(frames) / max(st.tokens, 1),
-                        piped=st.pipelined / rounds,
-                        apr=st.accepted / rounds,
-                        k=0 if params.get("adaptive_k") else params.get("k", 4),
-                        s0=params.get("s0_on_device", False),
-                        text=result.text,
+                        rate=rate,
+                        ttft=ttft,
+                        tokens=args.max_new_tokens,
+                        acc=0.0,
+                        bpt=0.0,
+                        dbpt=0.0,
+                        piped=0.0,
+                        apr=0.0,
+                        k=0,
                     )
                 )
                 console.print(
-                    f"  {name}: {decode_rate(stamps):.2f} tok/s, acceptance "
-                    f"{st.acceptance_rate:.0%}, {st.bytes_per_token:.1f} B/token"
+                    f"user {user}: generalist alone {rate:.2f} tok/s "
+                    f"(private prompt {len(device_prompt.private_ids)} tokens)"
                 )
-        context = list(device_prompt.private_ids)[:300]
-        costs = step_costs(specialist, generalist, context, 4)
-        other_ks = {p.get("k", 4) for p in configs.values()} - {4}
-        costs_by_k = {k: step_costs(specialist, generalist, context, k) for k in other_ks}
+                for name, params in configs.items():
+                    frames.clear()
+                    stamps, result = timed_stream(
+                        client, shared.query, shared.task,
+                        max_new_tokens=args.max_new_tokens, **params,
+                    )
+                    st = result.stats
+                    rounds = max(st.rounds, 1)
+                    results[name].append(
+                        dict(
+                            rate=decode_rate(stamps),
+                            ttft=stamps[0] if stamps else 0.0,
+                            tokens=st.tokens,
+                            acc=st.acceptance_rate,
+                            bpt=st.bytes_per_token,
+                            dbpt=deflated_size(frames) / max(st.tokens, 1),
+                            piped=st.pipelined / rounds,
+                            apr=st.accepted / rounds,
+                            k=0 if params.get("adaptive_k") else params.get("k", 4),
+                            s0=bool(params.get("s0_on_device")),  # None: the companion's
+                            specsteer=params.get("method", "specsteer") == "specsteer",
+                            text=result.text,
+                        )
+                    )
+                    console.print(
+                        f"  {name}: {decode_rate(stamps):.2f} tok/s, acceptance "
+                        f"{st.acceptance_rate:.0%}, {st.bytes_per_token:.1f} B/token"
+                    )
+            for k in {p.get("k", 4) for p in configs.values()} | {4}:  # this user's contexts
+                measured[k].append(step_costs(
+                    specialist, generalist, list(device_prompt.private_ids),
+                    list(device_prompt.public_ids), k,
+                ))
+        costs_by_k = {k: {name: statistics.mean(c[name] for c in runs) for name in runs[0]}
+                      for k, runs in measured.items()}
+        costs = costs_by_k[4]
     finally:
         proc.terminate()
         proc.wait(10)
@@ -266,9 +289,9 @@ def main() -> None:
             statistics.mean(r["piped"] for r in runs),
             statistics.mean(r["dbpt"] for r in runs),
         )
-        if name.startswith("specsteer") and runs[0]["k"]:  # no ceiling for an adaptive K
+        if runs[0].get("specsteer") and runs[0]["k"]:  # no ceiling for an adaptive K
             k = runs[0]["k"]
-            c = costs if k == 4 else costs_by_k[k]
+            c = costs_by_k[k]
             apr = statistics.mean(r["apr"] for r in runs)
             piped = row.pipelined_share
             row.ceiling_speedup = (
@@ -310,7 +333,7 @@ def main() -> None:
     console.print({k: f"{v * 1e3:.1f} ms" for k, v in costs.items()})
     reference = results.get("specsteer g=0.1")
     for name, runs in results.items():  # does a smaller candidate set change the text?
-        if reference and "top_" in name:
+        if reference and ("top_" in name or name.startswith("preset")):
             same = sum(r["text"] == ref["text"] for r, ref in zip(runs, reference, strict=True))
             console.print(f"{name}: same text as 'specsteer g=0.1' for {same}/{len(runs)} users")
     if args.json:

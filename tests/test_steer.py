@@ -181,6 +181,24 @@ def test_alpha_zero_recovery_picks_generalist_best(rows: tuple, k: int, select: 
     assert pick(steer.ids, fuse(steer, sc, alpha=0.0)) == int(np.argmax(g))
 
 
+@given(logp_rows(3, min_len=2, max_len=40), st.integers(1, 40), st.integers(1, 40))
+def test_fewer_candidates_pick_the_same_token_iff_it_ranks_within_them(
+    rows: tuple, small: int, extra: int
+) -> None:
+    """Why the `fast` preset may carry top_k=32 (bench/candidates.py): a smaller candidate set
+    keeps the greedy recovery exactly when the larger set's pick ranks within its top of logp_G."""
+    g, s0, sc = rows
+    large = small + extra
+
+    def choice(k: int) -> int:
+        steer = sparse_steer(g, s0, alpha=1.0, top_k=k)
+        return pick(steer.ids, fuse(steer, sc, alpha=1.0))
+
+    chosen = choice(large)
+    ranks_within = chosen in set(top_k_ids(g, small).tolist())
+    assert (choice(small) == chosen) == ranks_within
+
+
 def test_difference_selection_differs_from_generalist() -> None:
     # token 5: the Generalist finds it unlikely, the generic Specialist far more so
     g = log_softmax(np.array([5.0, 4.0, 3.0, 0.0, 0.0, -3.0]))

@@ -22,16 +22,17 @@ from specsteer import steer
 from specsteer.draft_length import DraftLength
 from specsteer.errors import CompanionError, CompanionUnavailable, ProtocolError
 from specsteer.link import CompanionLink
-from specsteer.protocol import Mode, Select
+from specsteer.protocol import HelloOk, Mode, Select
 from specsteer.runtime.base import LanguageModel, Session
 
 METHODS = ("slm", "slm_rag", "llm", "speculative", "light_costeer", "costeer", "specsteer")
 LOCAL_METHODS = ("slm", "slm_rag")
-# "fast" also moves P_S0 to the device: the same tokens (tested), one model pass less on the
-# companion's critical path; it pays when the Specialist is cheap (docs/BENCHMARKS.md, speed)
+# "fast" also halves the candidate set: the fused choice ranked within the Generalist's top 32
+# at every measured position, so the text is the top-64 one at ~60 % of the bytes
+# (bench/candidates.py, docs/BENCHMARKS.md)
 PRESETS = {
     "default": {"gamma": 0.5},
-    "fast": {"gamma": 0.1, "s0_on_device": True},
+    "fast": {"gamma": 0.1, "top_k": 32},
     "strict": {"gamma": 1.0},
 }
 
@@ -50,7 +51,9 @@ class Params:
     max_new_tokens: int = 256
     seed: int = 0
     select: str = "generalist"  # or "difference" (METHOD.md: worse; kept to report it)
-    s0_on_device: bool = False
+    # where P_S0 is computed: None = the companion when it hosts the generic Specialist, else the
+    # device; True pays when the Specialist is much cheaper than the Generalist (int4)
+    s0_on_device: bool | None = None
     costeer_iterations: int = 20
     beta: float = 1.0
     pipeline: bool = True  # draft the next round while the companion verifies (greedy only)
@@ -376,6 +379,14 @@ def _connect(connect: Callable[[], CompanionLink] | None) -> CompanionLink:
     return connect()
 
 
+def s0_placed_on_device(params: Params, hello_ok: HelloOk | None) -> bool:
+    """Where P_S0 is computed: as asked, or (None) on the companion when it hosts the generic
+    Specialist (its hello names one) and on the device otherwise, so no session is refused."""
+    if params.s0_on_device is not None:
+        return params.s0_on_device
+    return hello_ok is not None and not hello_ok.specialist_sha256
+
+
 def _remote_tokens(
     specialist: LanguageModel,
     local: _Local,
@@ -390,6 +401,7 @@ def _remote_tokens(
         params.method, Mode.ROWS
     )
     alpha = 0.0 if params.method == "llm" else params.alpha
+    s0_here = mode is Mode.SPECSTEER and s0_placed_on_device(params, link.hello_ok)
     link.open(
         prompt.public_ids,
         mode=mode,
@@ -399,7 +411,7 @@ def _remote_tokens(
         temperature=params.temperature,
         seed=params.seed,
         select=Select.TOP_DIFFERENCE if params.select == "difference" else Select.TOP_LOGP_G,
-        s0_on_device=params.s0_on_device and mode is Mode.SPECSTEER,
+        s0_on_device=s0_here,
         top_p=params.top_p,
     )
     eos = specialist.tokenizer.eos_ids
@@ -408,7 +420,7 @@ def _remote_tokens(
         return
     s0 = (
         _Local(specialist, prompt.public_ids, params.max_new_tokens)
-        if params.s0_on_device and mode is Mode.SPECSTEER
+        if s0_here
         else None
     )
     # Pipelining (greedy only, so the output is unchanged): while the companion verifies a

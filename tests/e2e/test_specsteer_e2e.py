@@ -284,19 +284,23 @@ def test_presets(tiny_model, verifier, store):
     frames: list[bytes] = []
     client = Client(tiny_model, history=store, companion=_local(verifier),
                     tap=lambda d, f: d == "up" and frames.append(f))
+
+    def opened() -> protocol.OpenSession:
+        return [m for m in (protocol.decode(f, protocol.Limits()) for f in frames)
+                if isinstance(m, protocol.OpenSession)][-1]
+
     fast = client.generate(SUBJECT, preset="fast", max_new_tokens=24)
-    opened = [m for m in (protocol.decode(f, protocol.Limits()) for f in frames)
-              if isinstance(m, protocol.OpenSession)]
-    assert opened[-1].s0_on_device and opened[-1].gamma == pytest.approx(0.1)
+    assert opened().gamma == pytest.approx(0.1) and opened().top_k == 32
+    # this companion hosts the generic Specialist, so P_S0 stays there (the paper's placement)
+    assert not opened().s0_on_device
+    assert fast.tokens == client.generate(SUBJECT, gamma=0.1, top_k=32, max_new_tokens=24).tokens
     # placing P_S0 on the device changes where it is computed, never the tokens
-    assert fast.tokens == client.generate(SUBJECT, gamma=0.1, max_new_tokens=24).tokens
+    on_device = client.generate(SUBJECT, preset="fast", s0_on_device=True, max_new_tokens=24)
+    assert opened().s0_on_device and on_device.tokens == fast.tokens
     strict = client.generate(SUBJECT, preset="strict", max_new_tokens=24)
     assert strict.tokens == client.generate(SUBJECT, gamma=1.0, max_new_tokens=24).tokens
-    frames.clear()
     client.generate(SUBJECT, preset="fast", gamma=0.3, max_new_tokens=4)  # explicit wins
-    opened = [m for m in (protocol.decode(f, protocol.Limits()) for f in frames)
-              if isinstance(m, protocol.OpenSession)]
-    assert opened[-1].gamma == pytest.approx(0.3)
+    assert opened().gamma == pytest.approx(0.3) and opened().top_k == 32
     with pytest.raises(ValueError, match="unknown preset"):
         client.generate(SUBJECT, preset="turbo")
 
@@ -304,15 +308,21 @@ def test_presets(tiny_model, verifier, store):
 def test_a_companion_without_generic_specialist_serves_device_placed_p_s0(
     tiny_model, tiny_generalist, verifier, store
 ):
-    """`serve --specialist none`: devices on the `fast` preset send P_S0 and get the same tokens;
-    a session that needs the companion's P_S0 is refused with a clear error."""
+    """`serve --specialist none`: the device sees no generic Specialist in the companion's hello
+    and computes P_S0 itself (same tokens as the companion's P_S0); a session that insists on
+    the companion's P_S0 is refused with a clear error."""
     bare = Verifier(tiny_generalist, None)
     expected = Client(tiny_model, history=store, companion=_local(verifier)).generate(
-        SUBJECT, preset="fast", max_new_tokens=24
+        SUBJECT, gamma=0.1, max_new_tokens=24
     )
+    frames: list[bytes] = []
     with CompanionServer(bare).running() as url:
-        client = Client(tiny_model, history=store, companion=url)
-        got = client.generate(SUBJECT, preset="fast", max_new_tokens=24, offline="fail")
+        client = Client(tiny_model, history=store, companion=url,
+                        tap=lambda d, f: d == "up" and frames.append(f))
+        got = client.generate(SUBJECT, gamma=0.1, max_new_tokens=24, offline="fail")
         assert got.tokens == expected.tokens and not got.stats.degraded
+        opened = [m for m in (protocol.decode(f, protocol.Limits()) for f in frames)
+                  if isinstance(m, protocol.OpenSession)]
+        assert opened[-1].s0_on_device
         with pytest.raises(CompanionError, match="send logp_S0 from the device"):
-            client.generate(SUBJECT, max_new_tokens=8, offline="fail")
+            client.generate(SUBJECT, max_new_tokens=8, s0_on_device=False, offline="fail")

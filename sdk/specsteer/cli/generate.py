@@ -143,7 +143,7 @@ def register(app: typer.Typer) -> None:
         generalist: Annotated[str, typer.Option()] = "qwen2.5-1.5b",
         precision: Annotated[str, typer.Option()] = "int8",
         preset: Annotated[
-            str, typer.Option(help="default (gamma 0.5) | fast (0.1, device P_S0) | strict")
+            str, typer.Option(help="default (gamma 0.5) | fast (0.1, top_k 32) | strict (1.0)")
         ] = "default",
         max_new_tokens: Annotated[int, typer.Option()] = 96,
         max_prompt_tokens: Annotated[
