@@ -90,7 +90,9 @@ def register(app: typer.Typer) -> None:
         adaptive_k: Annotated[
             bool, typer.Option(help="Choose K each round from measured acceptance and costs")
         ] = False,
-        top_k: Annotated[int, typer.Option()] = 64,
+        top_k: Annotated[
+            int | None, typer.Option(help="Recovery candidates (default 64; preset fast: 32)")
+        ] = None,
         temperature: Annotated[float, typer.Option()] = 0.0,
         max_new_tokens: Annotated[int, typer.Option()] = 128,
         seed: Annotated[int, typer.Option()] = 0,
@@ -102,14 +104,13 @@ def register(app: typer.Typer) -> None:
             alpha=alpha,
             k=k,
             adaptive_k=adaptive_k,
-            top_k=top_k,
             temperature=temperature,
             max_new_tokens=max_new_tokens,
             seed=seed,
             preset=preset,
         )
-        if gamma is not None:
-            options["gamma"] = gamma
+        # what a preset sets is passed only when given, so the preset is not overridden
+        options.update({n: v for n, v in (("gamma", gamma), ("top_k", top_k)) if v is not None})
         query = request  # a plain string fills the task's first field
         try:
             client = Client(specialist, history=history, companion=companion, token=token)
