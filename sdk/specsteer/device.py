@@ -28,8 +28,8 @@ from specsteer.runtime.base import LanguageModel, Session
 METHODS = ("slm", "slm_rag", "llm", "speculative", "light_costeer", "costeer", "specsteer")
 LOCAL_METHODS = ("slm", "slm_rag")
 # "fast" also halves the candidate set: the fused choice ranked within the Generalist's top 32
-# at every measured position, so the text is the top-64 one at ~60 % of the bytes
-# (bench/candidates.py, docs/BENCHMARKS.md)
+# at 416 of 417 measured positions, so the text is nearly always the top-64 one, at ~60 % of
+# the bytes (bench/candidates.py, docs/BENCHMARKS.md)
 PRESETS = {
     "default": {"gamma": 0.5},
     "fast": {"gamma": 0.1, "top_k": 32},
