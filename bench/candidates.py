@@ -49,19 +49,14 @@ def forced_logp(model, prefix: list[int], tokens: list[int]) -> np.ndarray:
     return steer.log_softmax(np.concatenate([first, rest]))
 
 
-def fused_choice(lg: np.ndarray, ls0: np.ndarray, lsc: np.ndarray, k: int, alpha: float) -> int:
-    """The device's greedy recovery over the top-k of logp_G, exactly as device.py does it."""
+def fused_scores(lg: np.ndarray, ls0: np.ndarray, lsc: np.ndarray, k: int,
+                 alpha: float) -> tuple[int, dict[int, float]]:
+    """The device's greedy recovery over the top-k of logp_G, exactly as device.py does it:
+    the chosen id, and the fused score of every candidate."""
     sparse = steer.sparse_steer(lg, ls0, alpha, k)
-    return steer.pick(sparse.ids, steer.fuse(sparse, lsc, alpha))
-
-
-def fused_margin(lg: np.ndarray, ls0: np.ndarray, lsc: np.ndarray, replay: int, chosen: int,
-                 alpha: float) -> float:
-    """How far (in fused log-score) the replay's pick beats the token the generation chose."""
-    def score(token: int) -> float:
-        return float(np.float16(lg[token] - alpha * ls0[token])) + alpha * float(lsc[token])
-
-    return score(replay) - score(chosen)
+    scores = steer.fuse(sparse, lsc, alpha)
+    by_id = dict(zip(sparse.ids.tolist(), scores.tolist(), strict=True))
+    return steer.pick(sparse.ids, scores), by_id
 
 
 def main() -> None:
@@ -110,15 +105,16 @@ def main() -> None:
                 continue
             order = np.argsort(-lg[i], kind="stable")
             user_ranks.append(int(np.flatnonzero(order == tokens[i])[0]) + 1)
-            replay = fused_choice(lg[i], ls0[i], lsc[i], 64, args.alpha)
+            replay, scores = fused_scores(lg[i], ls0[i], lsc[i], 64, args.alpha)
             if replay != tokens[i]:  # batched vs incremental numerics: report, don't compare
+                # how far the replay's pick beats the generation's token in fused log-score
+                margin = scores[replay] - scores.get(tokens[i], -np.inf)
                 mismatched_replays.append(dict(user=user, position=i, origin=origin,
-                                               margin=fused_margin(lg[i], ls0[i], lsc[i],
-                                                                   replay, tokens[i], args.alpha)))
+                                               margin=margin))
                 continue
             replayed += 1
             for k in SMALLER_KS:
-                if fused_choice(lg[i], ls0[i], lsc[i], k, args.alpha) == tokens[i]:
+                if fused_scores(lg[i], ls0[i], lsc[i], k, args.alpha)[0] == tokens[i]:
                     same[k] += 1
                 else:
                     differs[k] = True

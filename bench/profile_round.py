@@ -1,10 +1,11 @@
 """Where a SpecSteer generation's time goes: model passes per role vs everything else.
 
 One greedy generation per user with an in-process companion (the same frames as the network,
-no socket, no overlap: device and companion take turns on one core), under cProfile. Model
-time is attributed by the session that ran it: the device's Specialist (drafting with the
+no socket, no overlap: device and companion take turns on one core). Model time is attributed
+by the session that ran it: the device's Specialist (drafting with the
 private context), the companion's generic Specialist (P_S0) and its Generalist; the rest is
-Python — protocol, alignment across tokenizers, sparse vectors, fusion.
+Python — protocol, alignment across tokenizers, sparse vectors, fusion. `--top N` also runs
+cProfile and prints its top N functions (its overhead then inflates the Python share).
 
     python bench/profile_round.py --specialist smollm2-135m --generalist qwen2.5-1.5b
 """
@@ -73,7 +74,8 @@ def main() -> None:
     ap.add_argument("--gamma", type=float, default=0.1)
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--max-prompt-tokens", type=int, default=640)
-    ap.add_argument("--top", type=int, default=0, help="also print cProfile's top N functions")
+    ap.add_argument("--top", type=int, default=0,
+                    help="also profile and print cProfile's top N functions (slows Python down)")
     args = ap.parse_args()
     spent: dict[str, float] = defaultdict(float)
     specialist = load_model(args.specialist, precision=args.specialist_precision or args.precision)
@@ -82,7 +84,7 @@ def main() -> None:
     verifier = Verifier(timed(generalist, "companion: Generalist", spent),
                         timed(specialist, "companion: P_S0", spent))
     device = timed(specialist, "device: Specialist", spent)
-    profile = cProfile.Profile()
+    profile = cProfile.Profile() if args.top else None
     total, tokens, rounds, accepted, drafted = 0.0, 0, 0, 0, 0
     for user in range(args.users):
         shared = load_shared_user(shared_file("email"), user)
@@ -91,10 +93,12 @@ def main() -> None:
         client = Client(device, history=store, max_prompt_tokens=args.max_prompt_tokens,
                         companion=lambda: LocalChannel.for_verifier(verifier))
         started = time.perf_counter()
-        profile.enable()
+        if profile:
+            profile.enable()
         result = client.generate(shared.query, task=shared.task, gamma=args.gamma,
                                  max_new_tokens=args.max_new_tokens, pipeline=False)
-        profile.disable()
+        if profile:
+            profile.disable()
         total += time.perf_counter() - started
         st = result.stats
         tokens, rounds = tokens + st.tokens, rounds + st.rounds
@@ -111,7 +115,7 @@ def main() -> None:
     table.add_row("total", f"{total:.2f}", "100%",
                   f"{1e3 * total / max(rounds, 1):.1f}")
     Console(width=120).print(table)
-    if args.top:
+    if profile:
         pstats.Stats(profile).sort_stats("tottime").print_stats(args.top)
 
 
