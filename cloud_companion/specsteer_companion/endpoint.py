@@ -103,13 +103,15 @@ class CompanionEndpoint:
             d = event.draft
             result = self.session.verify(d.committed_ids, d.draft_ids, d.logp_s0)
             self._account(started, f"draft k={len(d.draft_ids)} accepted={result.accepted}")
-            self.conn.send_verdict(result.accepted, result.ids, result.values)
+            self.conn.send_verdict(
+                result.accepted, result.candidates.ids, result.candidates.values
+            )
         elif isinstance(event, RowRequested):
             assert self.session is not None
             started = time.perf_counter()
             result = self.session.row(event.request.committed_ids)
             self._account(started, "row")
-            self.conn.send_row(result.ids, result.values, result.s0_values)
+            self.conn.send_row(result.candidates.ids, result.candidates.values, result.s0_values)
         elif isinstance(event, CloseRequested | ConnectionFailed):
             self._end_session()
 

@@ -16,15 +16,15 @@ __version__ = "0.1.0"
 
 if TYPE_CHECKING:
     from specsteer.client import Client, GenerationStats, Piece, Result
-    from specsteer.device import Params
     from specsteer.history import HistoryStore, Record
+    from specsteer.settings import Params
 
 _LAZY = {
     "Client": "specsteer.client",
     "GenerationStats": "specsteer.client",
     "Piece": "specsteer.client",
     "Result": "specsteer.client",
-    "Params": "specsteer.device",
+    "Params": "specsteer.settings",
     "HistoryStore": "specsteer.history",
     "Record": "specsteer.history",
 }

@@ -19,7 +19,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+SELECTS = ("generalist", "difference")  # how the companion picks its candidates (sparse_steer)
+
 __all__ = [
+    "SELECTS",
+    "RoundVerdict",
     "SparseSteer",
     "classic_accept_greedy",
     "classic_accept_sampling",
@@ -27,8 +31,11 @@ __all__ = [
     "fuse",
     "light_costeer",
     "log_softmax",
+    "nucleus",
     "pick",
+    "possible_only",
     "ratio_accept_count",
+    "ratio_accepts",
     "sample_index",
     "sparse_steer",
     "token_logprobs",
@@ -127,29 +134,60 @@ def ratio_accept_count(
     """Number of leading drafts that pass SpecSteer's ratio test P_G / P_S0 against gamma.
 
     Greedy (rng None): accept draft i iff P_G >= gamma * P_S0, i.e. exactly when the sampling
-    rule below would accept it with probability 1. The boundary is inclusive so that identical
+    rule would accept it with probability 1. The boundary is inclusive so that identical
     models (P_G == P_S0) accept every draft for any gamma <= 1, the consistency check of
-    docs/STYLE.md. Sampling: accept with probability min(1, P_G / (gamma * P_S0)), one uniform
-    per draft drawn up front. Counting stops at the first reject. gamma == 0 accepts everything
-    (and draws nothing). The test runs on log_g - log_s0, which is exact for equal inputs at
-    any magnitude; a NaN (0/0) rejects.
+    docs/STYLE.md. Sampling: one uniform per draft drawn up front. Counting stops at the first
+    reject. gamma == 0 accepts everything (and draws nothing).
     """
     g = np.asarray(logp_g, dtype=np.float64).reshape(-1)
     s0 = np.asarray(logp_s0, dtype=np.float64).reshape(-1)
     if g.shape != s0.shape:
         raise ValueError(f"logp_g and logp_s0 differ in length: {g.shape[0]} != {s0.shape[0]}")
-    if not gamma >= 0:
-        raise ValueError(f"gamma must be >= 0, got {gamma}")
+    _check_gamma(gamma)
     if gamma == 0:
         return int(g.shape[0])
+    u = None if rng is None else 1.0 - rng.random(g.shape[0])  # uniform on (0, 1]
     with np.errstate(invalid="ignore"):
-        log_ratio = g - s0 - math.log(gamma)
-    if rng is None:
-        accepted = log_ratio >= 0.0
-    else:
-        v = 1.0 - rng.random(g.shape[0])  # uniform on (0, 1]: P(v <= r) = min(1, r)
-        accepted = np.log(v) <= log_ratio
-    return _leading_true(accepted)
+        return _leading_true(_passes(g - s0, gamma, u))
+
+
+def ratio_accepts(
+    log_ratio: float,
+    gamma: float,
+    rng: np.random.Generator | None = None,
+    slack: float = 0.0,
+) -> bool:
+    """The same test for one unit (a span of text, when the tokenizers differ).
+
+    log_ratio is log P_G - log P_S0 of the unit. `slack` lets a greedy caller that sums its
+    logs in different orders on the two sides still accept identical models at gamma 1.
+    Sampling draws one uniform, and only when gamma > 0 (gamma 0 accepts and draws nothing).
+    """
+    _check_gamma(gamma)
+    if gamma == 0:
+        return True
+    u = None if rng is None else np.array([1.0 - rng.random()])
+    return bool(_passes(np.array([log_ratio], np.float64), gamma, u, slack)[0])
+
+
+def _check_gamma(gamma: float) -> None:
+    if not gamma >= 0:
+        raise ValueError(f"gamma must be >= 0, got {gamma}")
+
+
+def _passes(
+    log_ratio: np.ndarray, gamma: float, u: np.ndarray | None, slack: float = 0.0
+) -> np.ndarray:
+    """The ratio rule, elementwise: P_G >= gamma P_S0 (greedy) or u <= P_G / (gamma P_S0).
+
+    Runs on log P_G - log P_S0, which is exact for equal inputs at any magnitude; NaN (0/0)
+    rejects. gamma must be > 0 here.
+    """
+    with np.errstate(invalid="ignore"):
+        shifted = log_ratio - math.log(gamma)
+        if u is None:
+            return shifted >= -slack
+        return np.log(u) <= shifted
 
 
 def _leading_true(mask: np.ndarray) -> int:
@@ -212,37 +250,41 @@ def _steer_values(logp_g: np.ndarray, logp_s0: np.ndarray, alpha: float) -> np.n
 
 def sparse_steer(
     logp_g_row: np.ndarray,
-    logp_s0_row: np.ndarray,
+    logp_s0_row: np.ndarray | None,
     alpha: float,
     top_k: int,
     select: str = "generalist",
     top_p: float = 1.0,
 ) -> SparseSteer:
-    """Build the sparse vector the companion sends down for the recovery / bonus position.
+    """The sparse vector the companion sends down for the recovery / bonus position.
 
-    top_p < 1 keeps, of the top-k of logp_G, only the smallest prefix holding top_p of P_G's mass
-    (fewer bytes where the Generalist is confident; see `nucleus`).
-
-    select="generalist" (default) takes the top-k of logp_G: METHOD.md measured that the top-k
-    of the difference favours tokens the Specialist merely finds unlikely (often end-of-text).
-    select="difference" takes the top-k of logp_G - alpha * logp_S0, kept for comparison.
-    Candidates come best first; values are rounded to float16 because that is what travels.
+    Candidates: the top-k of logp_G (select="generalist", the default: METHOD.md measured that
+    the top-k of the difference favours tokens the Specialist merely finds unlikely, often
+    end-of-text) or of logp_G - alpha * logp_S0 (select="difference", kept for comparison);
+    top_p < 1 keeps only the shortest prefix of them holding top_p of P_G's mass (`nucleus`).
+    Values: logp_G - alpha * logp_S0 there, rounded to float16 because that is what travels.
+    logp_s0_row None means P_S0 lives on the device, which subtracts it when it fuses: the
+    values are logp_G and the candidates always the Generalist's (the device cannot rank by a
+    difference it has not been sent).
     """
     g = np.asarray(logp_g_row).reshape(-1)
+    if top_k < 1:
+        raise ValueError(f"top_k must be >= 1, got {top_k}")
+    if select not in SELECTS:
+        raise ValueError(f"select must be 'generalist' or 'difference', got {select!r}")
+    if logp_s0_row is None:
+        ids = nucleus(g, top_k_ids(g, top_k), top_p)
+        return SparseSteer(ids=ids, values=g[ids].astype(np.float16))
     s0 = np.asarray(logp_s0_row).reshape(-1)
     if g.shape != s0.shape:
         raise ValueError(f"rows differ in length: {g.shape[0]} != {s0.shape[0]}")
-    if top_k < 1:
-        raise ValueError(f"top_k must be >= 1, got {top_k}")
     if select == "generalist":
         ids = nucleus(g, top_k_ids(g, top_k), top_p)  # values only at the winners: O(V) once
         values = _steer_values(g[ids], s0[ids], alpha)
-    elif select == "difference":
+    else:
         diff = _steer_values(g, s0, alpha)
         ids = top_k_ids(diff, top_k)
         values = diff[ids]
-    else:
-        raise ValueError(f"select must be 'generalist' or 'difference', got {select!r}")
     return SparseSteer(ids=ids, values=values.astype(np.float16))
 
 
@@ -258,18 +300,53 @@ def nucleus(logp_row: np.ndarray, ids_best_first: np.ndarray, top_p: float) -> n
     return ids_best_first[: max(1, min(keep, ids_best_first.shape[0]))]
 
 
-def fuse(steer: SparseSteer, logp_sc_row: np.ndarray, alpha: float) -> np.ndarray:
+def possible_only(steer: SparseSteer) -> SparseSteer:
+    """The candidates with a finite value (at least the first, so that something is sent).
+
+    Needed where the Generalist's row is mapped onto another vocabulary and may leave tokens
+    with no mass at all (docs/cross-tokenizer.md).
+    """
+    keep = np.isfinite(steer.values.astype(np.float32))
+    if not keep.any():
+        keep[:1] = True
+    return SparseSteer(steer.ids[keep], steer.values[keep])
+
+
+@dataclass(frozen=True)
+class RoundVerdict:
+    """What one verification round decides, before it is encoded for the wire.
+
+    accepted: leading drafts that stand; candidates: the sparse vector for the position after
+    them (a single id with value 0 in classic speculative decoding: the correction or bonus);
+    s0_values: logp_S0 at the candidates, for the per-token baselines (ROWS mode) only.
+    """
+
+    accepted: int
+    candidates: SparseSteer
+    s0_values: np.ndarray | None = None
+
+
+def fuse(
+    steer: SparseSteer,
+    logp_sc_row: np.ndarray,
+    alpha: float,
+    logp_s0_row: np.ndarray | None = None,
+) -> np.ndarray:
     """Device-side scores over steer.ids: values + alpha * logp_Sc[ids], float32.
 
-    This is where the private term enters, on the device only. logp_sc_row is the Specialist's
-    full row (indexed by token id). NaN (e.g. +inf + -inf) becomes -inf: never pickable.
+    This is where the private term enters, on the device only. Rows are full log-probability
+    rows indexed by token id. With `logp_s0_row` (P_S0 placed on the device, so the values are
+    plain logp_G) the context-free term is subtracted here: values + alpha * (logp_Sc - logp_S0).
+    NaN (e.g. +inf + -inf) becomes -inf: never pickable.
     """
     base = steer.values.astype(np.float32)
     if alpha == 0:
         return base
-    sc = np.asarray(logp_sc_row, dtype=np.float32).reshape(-1)[steer.ids]
+    private = np.asarray(logp_sc_row, dtype=np.float32).reshape(-1)[steer.ids]
     with np.errstate(invalid="ignore"):
-        scores = base + np.float32(alpha) * sc
+        if logp_s0_row is not None:
+            private = private - np.asarray(logp_s0_row, dtype=np.float32).reshape(-1)[steer.ids]
+        scores = base + np.float32(alpha) * private
     scores[np.isnan(scores)] = -np.inf
     return scores
 

@@ -1,6 +1,11 @@
-"""Record decode outputs of the pre-redesign code (run once on commit 130dda1)."""
-import json, sys
-from specsteer.device import DecodeStats, DevicePrompt, Params, decode
+"""Record decode outputs of the pre-redesign code (run on commit 130dda1; kept for audit).
+
+    PYTHONPATH=<old checkout>/sdk:<old checkout>/cloud_companion python record_pins.py tiny OUT
+"""
+import json
+import sys
+
+from specsteer.device import DevicePrompt, Params, decode
 from specsteer.link import CompanionLink
 from specsteer.models.tiny import tiny_model_dir
 from specsteer.runtime import load_model
@@ -36,7 +41,8 @@ def run(spec, gen, cases, max_new):
         verifier = Verifier(gen, spec)
         link = CompanionLink(LocalChannel.for_verifier(verifier))
         link.hello()
-        events = list(decode(spec, prompt, params, link if params.method not in ("slm", "slm_rag") else None))
+        local_only = params.method in ("slm", "slm_rag")
+        events = list(decode(spec, prompt, params, None if local_only else link))
         link.close()
         out.append(dict(params=case, tokens=[e.token for e in events],
                         provenance=[e.provenance for e in events]))
@@ -46,12 +52,18 @@ def run(spec, gen, cases, max_new):
 if __name__ == "__main__":
     which = sys.argv[1]
     if which == "tiny":
-        spec = load_model(tiny_model_dir("llama", seed=0)); gen = load_model(tiny_model_dir("llama", seed=1))
+        spec = load_model(tiny_model_dir("llama", seed=0))
+        gen = load_model(tiny_model_dir("llama", seed=1))
         res = run(spec, gen, CASES, 40)
         cross = load_model(tiny_model_dir("llama", seed=1, vocab=384))
-        res["cross"] = run(spec, cross, [c for c in CASES if c["method"] in ("specsteer", "speculative")], 40)["cases"]
+        steered = [c for c in CASES if c["method"] in ("specsteer", "speculative")]
+        res["cross"] = run(spec, cross, steered, 40)["cases"]
     else:
         from specsteer.models.compile import compile_model
-        spec = load_model(compile_model("qwen2.5-0.5b", "int8")); gen = load_model(compile_model("qwen2.5-1.5b", "int8"))
-        res = run(spec, gen, [c for c in CASES if c["method"] in ("specsteer", "speculative", "llm")][:5] + [dict(method="llm")], 32)
-    json.dump(res, open(sys.argv[2], "w"), indent=1)
+        spec = load_model(compile_model("qwen2.5-0.5b", "int8"))
+        gen = load_model(compile_model("qwen2.5-1.5b", "int8"))
+        real = [c for c in CASES if c["method"] in ("specsteer", "speculative", "llm")]
+        real = [c for c in real if ("top_p" not in c and "s0_on_device" not in c) or len(c) == 2]
+        res = run(spec, gen, real, 32)
+    with open(sys.argv[2], "w") as f:
+        json.dump(res, f, indent=1)

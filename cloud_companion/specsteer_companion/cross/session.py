@@ -20,17 +20,15 @@ private context. See docs/cross-tokenizer.md for the design and its measured app
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import numpy as np
 
 from specsteer import steer
 from specsteer.alignment import (
     PairTables,
-    TokenTable,
     common_boundaries,
     encode_bytes,
     ends_of,
@@ -41,11 +39,8 @@ from specsteer.alignment import (
 )
 from specsteer.protocol import Mode, OpenSession, Select
 from specsteer.runtime.base import LanguageModel
-from specsteer.tokenizer import Message, Tokenizer
-from specsteer_companion.verifier import RoundResult, _Track
-
-if TYPE_CHECKING:
-    from specsteer_companion.verifier import Verifier
+from specsteer.runtime.track import Track
+from specsteer_companion.cross.prompts import generalist_prompt
 
 TAILS = ("marginal", "backoff")
 RECOVERIES = ("token", "prefix")
@@ -121,11 +116,12 @@ class _GTrack:
 
     def __init__(self, model: LanguageModel, prompt: Sequence[int], max_tokens: int,
                  logp: Callable[[np.ndarray], np.ndarray], stats: CrossStats) -> None:
-        self.session = model.new_session(max_length=max_tokens)  # type: ignore[call-arg]
+        self.track = Track(model, prompt, max_tokens)
+        self.session = self.track.session
         self.prompt = list(prompt)
         self.ids: list[int] = []
         self._logp = logp
-        self._rows: dict[int, np.ndarray] = {0: logp(self.session.append(self.prompt)[-1:])[0]}
+        self._rows: dict[int, np.ndarray] = {0: logp(self.track.row[None, :])[0]}
         self.stats = stats
 
     def sync(self, ids: Sequence[int]) -> int:
@@ -176,7 +172,15 @@ class _GTrack:
             del self._rows[j]
 
     def close(self) -> None:
-        self.session.close()
+        self.track.close()
+
+
+class HostedModels(Protocol):
+    """What a session needs of the companion's `Verifier` (no import of it: no cycle)."""
+
+    generalist: LanguageModel
+    specialist: LanguageModel | None
+    max_session_tokens: int
 
 
 class CrossVerifierSession:
@@ -194,7 +198,7 @@ class CrossVerifierSession:
     Specialist image may be too short (`_look_ahead`); 0 keeps the one-step mapping.
     """
 
-    def __init__(self, verifier: Verifier, request: OpenSession, *, tail: str = "marginal",
+    def __init__(self, verifier: HostedModels, request: OpenSession, *, tail: str = "marginal",
                  recovery: str = "token", heal: bool = True, in_context: bool = True,
                  lookahead: int = 0, merge_cap: int = 256) -> None:
         if tail not in TAILS or recovery not in RECOVERIES:
@@ -217,11 +221,7 @@ class CrossVerifierSession:
         self.g = _GTrack(g_model, g_prompt, verifier.max_session_tokens, self._logp, self.stats)
         needs_s0 = self.mode is Mode.SPECSTEER and not request.s0_on_device
         needs_s0 |= self.mode is Mode.ROWS and request.alpha != 0.0
-        self.s0: _Track | None = None
-        if needs_s0:
-            session = s_model.new_session(max_length=verifier.max_session_tokens)  # type: ignore[call-arg]
-            self.s0 = _Track(session)
-            self.s0.pending = session.append(prompt)[-1]
+        self.s0 = Track(s_model, prompt, verifier.max_session_tokens) if needs_s0 else None
         self.length = len(prompt)  # Specialist tokens held by the S0 cache
         self.text = bytearray()  # generated text, as committed by the device
         self.s_ends: list[int] = []  # byte end of every generated Specialist token
@@ -233,7 +233,7 @@ class CrossVerifierSession:
     # ------------------------------------------------------------------------ rounds
 
     def verify(self, committed: Sequence[int], draft: Sequence[int],
-               logp_s0_draft: Sequence[float] | None = None) -> RoundResult:
+               logp_s0_draft: Sequence[float] | None = None) -> steer.RoundVerdict:
         """One Draft–Verify–Recover round over text (SPECULATIVE: greedy-match spans)."""
         self.stats.rounds += 1
         self._append(committed)
@@ -261,18 +261,13 @@ class CrossVerifierSession:
         logp_hat = self._mapped(view, pos)
         at = offset + accepted
         if self.mode is Mode.SPECULATIVE:
-            ids = np.array([int(np.argmax(logp_hat))], np.int32)
-            result = RoundResult(accepted, ids, np.zeros(1, np.float16))
-        elif logp_s0 is None:
-            top = _finite(logp_hat, steer.nucleus(
-                logp_hat, steer.top_k_ids(logp_hat, self.request.top_k), self.request.top_p))
-            result = RoundResult(accepted, top.astype(np.int32), logp_hat[top].astype(np.float16))
+            candidates = steer.SparseSteer([int(np.argmax(logp_hat))], [0.0])
         else:
             select = "difference" if self.request.select == Select.TOP_DIFFERENCE else "generalist"
-            sparse = steer.sparse_steer(logp_hat, logp_s0[at], self.request.alpha,
-                                        self.request.top_k, select, self.request.top_p)
-            keep = _finite(sparse.values.astype(np.float32), np.arange(sparse.ids.size))
-            result = RoundResult(accepted, sparse.ids[keep], sparse.values[keep])
+            candidates = steer.possible_only(steer.sparse_steer(
+                logp_hat, None if logp_s0 is None else logp_s0[at], self.request.alpha,
+                self.request.top_k, select, self.request.top_p))
+        result = steer.RoundVerdict(accepted, candidates)
         self._append(words[:accepted])
         self.length += at
         if self.s0 is not None and s0_rows is not None:
@@ -280,15 +275,16 @@ class CrossVerifierSession:
         self.g.prune()
         return result
 
-    def row(self, committed: Sequence[int]) -> RoundResult:
+    def row(self, committed: Sequence[int]) -> steer.RoundVerdict:
         """ROWS mode: top-k of the mapped logp_G at the end of the text, with logp_S0 there."""
         self._append(committed)
         view = self._view(bytes(self.text), final=False,
                           s_bounds=np.asarray(self.s_ends, np.int64))
         self.g.sync(view.ids)
         logp_hat = self._mapped(view, len(self.text))
-        top = _finite(logp_hat, steer.nucleus(
-            logp_hat, steer.top_k_ids(logp_hat, self.request.top_k), self.request.top_p))
+        candidates = steer.possible_only(steer.sparse_steer(
+            logp_hat, None, 0.0, self.request.top_k, top_p=self.request.top_p))
+        top = candidates.ids
         s0_values = np.zeros(len(top), np.float16)
         if self.s0 is not None:
             s0_rows = self.s0.extend(list(committed))
@@ -296,12 +292,12 @@ class CrossVerifierSession:
             self.length += len(committed)
             self.s0.keep(self.length, s0_rows[-1])
         self.g.prune()
-        return RoundResult(0, top.astype(np.int32), logp_hat[top].astype(np.float16), s0_values)
+        return steer.RoundVerdict(0, candidates, s0_values)
 
     def close(self) -> None:
         self.g.close()
         if self.s0 is not None:
-            self.s0.session.close()
+            self.s0.close()
 
     # ------------------------------------------------------------------------ text
 
@@ -421,16 +417,9 @@ class CrossVerifierSession:
         return all(int(np.argmax(r)) == t for r, t in zip(rows, view.ids[ja:jb], strict=True))
 
     def _passes(self, log_ratio: float) -> bool:
-        """P_G >= gamma * P_S0 (greedy) or accept with probability min(1, P_G / (gamma P_S0))."""
-        gamma = self.request.gamma
-        if gamma == 0:
-            return True
-        log_ratio -= math.log(gamma)
-        if math.isnan(log_ratio):
-            return False
-        if self.rng is None:  # the two sides sum their logs in different orders: allow rounding
-            return log_ratio >= -_ROUNDING
-        return math.log(1.0 - self.rng.random()) <= log_ratio
+        """The method's ratio test on one span; the two sides sum their logs in different
+        orders, so the greedy test allows rounding."""
+        return steer.ratio_accepts(log_ratio, self.request.gamma, self.rng, slack=_ROUNDING)
 
     def _log_prefix(self, view: _View, a: int, b: int) -> float:
         """log P_G(the text from boundary a starts with full[a:b]), along the cached path."""
@@ -527,49 +516,3 @@ class CrossVerifierSession:
                     probs[sid] += moved
                     self.stats.moved += moved / total if total > 0 else 0.0
             np.maximum(probs, 0.0, out=probs)
-
-def _finite(values: np.ndarray, ids: np.ndarray) -> np.ndarray:
-    """The entries of `ids` whose value is finite (at least the first one, to send something)."""
-    keep = ids[np.isfinite(np.asarray(values)[ids])]
-    return keep if keep.size else ids[:1]
-
-
-# ------------------------------------------------------------------------------ prompts
-
-_CHATML_TURN = re.compile(r"<\|im_start\|>(\w+)\n(.*?)<\|im_end\|>\n?", re.DOTALL)
-_CHATML_OPEN = "<|im_start|>assistant\n"
-
-
-def parse_chatml(text: str) -> tuple[list[Message], bool] | None:
-    """The turns of a ChatML prompt and whether it ends with an open assistant turn, or None."""
-    messages: list[Message] = []
-    at = 0
-    for m in _CHATML_TURN.finditer(text):
-        if m.start() != at:
-            return None
-        messages.append(Message(m.group(1), m.group(2)))
-        at = m.end()
-    rest = text[at:]
-    if rest not in ("", _CHATML_OPEN) or not messages:
-        return None
-    return messages, rest == _CHATML_OPEN
-
-
-def generalist_prompt(s_table: TokenTable, g_tok: Tokenizer,
-                      prompt_ids: Sequence[int]) -> list[int]:
-    """The Generalist's ids for the public prompt the device sent as Specialist ids.
-
-    The prompt is decoded to text; a ChatML conversation is re-rendered in the Generalist's
-    chat format (ChatML again for Qwen, plain text for a base model such as Gemma-3), anything
-    else is taken as plain text. The Generalist's tokenizer adds its own start token if it has
-    one (Gemma's <bos>).
-    """
-    text = s_table.bytes_of(prompt_ids).decode("utf-8", errors="replace")
-    parsed = parse_chatml(text) if s_table.tokenizer.chat_template == "chatml" else None
-    if parsed is not None:
-        messages, open_turn = parsed
-        text = g_tok.render_chat(messages, add_generation_prompt=open_turn)
-    return g_tok._hf.encode(text, add_special_tokens=True).ids
-
-
-__all__ = ["CrossStats", "CrossVerifierSession", "SpanCheck", "generalist_prompt", "parse_chatml"]

@@ -1,0 +1,10 @@
+"""Verification across tokenizers: the companion reads the Specialist's draft as text.
+
+`session` (CrossVerifierSession: span tests and recovery over Specialist ids), `prompts` (the
+public prompt in the Generalist's format). See docs/cross-tokenizer.md.
+"""
+
+from specsteer_companion.cross.prompts import generalist_prompt, parse_chatml
+from specsteer_companion.cross.session import CrossStats, CrossVerifierSession, SpanCheck
+
+__all__ = ["CrossStats", "CrossVerifierSession", "SpanCheck", "generalist_prompt", "parse_chatml"]

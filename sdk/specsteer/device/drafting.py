@@ -1,0 +1,68 @@
+"""Drafting on the device: the Specialist proposes up to K tokens from its private view.
+
+A draft is cut short when a stop condition fires (the companion's verdict arrived while the
+device was betting on the next round), and such a cut draft can be continued later, so that
+where a round's draft ends never depends on timing.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from specsteer import steer
+from specsteer.runtime.track import Track
+from specsteer.settings import Params
+
+
+def choose(row: np.ndarray, temperature: float, rng: np.random.Generator | None) -> int:
+    """The Specialist's own next token: argmax, or a sample at `temperature`."""
+    if temperature <= 0 or rng is None:
+        return int(np.argmax(row))
+    return steer.sample_index(np.exp(steer.log_softmax(row, temperature)), rng)
+
+
+@dataclass
+class Drafted:
+    """One round's draft: tokens, the Specialist rows predicting each and the one after."""
+
+    base: int  # session length before the first drafted token
+    tokens: list[int] = field(default_factory=list)
+    rows: list[np.ndarray] = field(default_factory=list)
+    step_s: float | None = None  # seconds per drafted token (feeds the adaptive K)
+
+
+def budget(params: Params, k: int, produced: int) -> int:
+    """Draft length (at most k) that leaves room for the round's recovered/bonus token."""
+    return max(0, min(k, params.max_new_tokens - produced - 1))
+
+
+def draft(
+    local: Track,
+    k: int,
+    temperature: float,
+    rng: np.random.Generator | None,
+    eos: frozenset[int],
+    stop: Callable[[], bool] | None = None,
+    into: Drafted | None = None,
+) -> Drafted:
+    """Draft up to k tokens (`stop` cuts it short), or continue the draft `into` up to k.
+
+    An end-of-text draft is not appended to the session: nothing follows it.
+    """
+    drafted = into if into is not None else Drafted(local.length, [], [local.row])
+    started, before = time.perf_counter(), len(drafted.tokens)
+    while len(drafted.tokens) < k and not (drafted.tokens and drafted.tokens[-1] in eos):
+        if stop is not None and drafted.tokens and stop():
+            break
+        token = choose(drafted.rows[-1], temperature, rng)
+        drafted.tokens.append(token)
+        if token in eos:
+            break
+        drafted.rows.append(local.push(token))
+    if len(drafted.tokens) > before:
+        drafted.step_s = (time.perf_counter() - started) / (len(drafted.tokens) - before)
+    return drafted

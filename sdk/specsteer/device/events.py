@@ -1,0 +1,52 @@
+"""What a generation yields and counts: `TokenEvent`, `DecodeStats`, and its two prompts."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class TokenEvent:
+    """One emitted token and where it came from.
+
+    provenance: "draft" (Specialist draft accepted by the companion), "recovered" (chosen after a
+    reject by fusing the companion's sparse vector with the private term), "bonus" (same fusion
+    after a fully accepted draft), "generalist" (baselines steered by the Generalist's row every
+    token), "local" (the Specialist alone: local methods or offline-degraded mode).
+    """
+
+    token: int
+    provenance: str
+    round: int
+
+
+@dataclass
+class DecodeStats:
+    """Counters of one generation; timings in seconds."""
+
+    rounds: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    tokens: int = 0
+    prefill_s: float = 0.0
+    device_s: float = 0.0
+    wait_s: float = 0.0
+    first_token_s: float | None = None
+    degraded: bool = False
+    offline_reason: str | None = None
+    reconnects: int = 0  # times collaboration resumed after going local
+    pipelined: int = 0  # rounds whose draft was made while the previous one was verified
+    accept_lengths: list[int] = field(default_factory=list)
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+
+@dataclass(frozen=True)
+class DevicePrompt:
+    """The two views of one request: with the private context (device only) and without."""
+
+    private_ids: Sequence[int]  # chat prompt with the retrieved history: P_Sc, never sent
+    public_ids: Sequence[int]  # the same request without it: what the companion sees

@@ -1,0 +1,259 @@
+"""The collaborative rounds: what the device does between two verdicts of the companion.
+
+`SteeredRounds` runs SpecSteer's Draft–Verify–Recover (and classic speculative decoding, which
+shares its shape): draft K tokens, send only their ids (and, when P_S0 is placed on the
+device, the context-free Specialist's log-probabilities of them), wait for the verdict, fuse
+the companion's sparse vector with the private term (`steer.fuse`) and pick the next token.
+With `pipeline` it bets while it waits (see `SteeredRounds._bet`). `row_tokens` runs the
+per-token baselines (the LLM alone, LightCoSteer, CoSteer) over the companion's top-k row.
+Both yield (token, provenance) and leave the device's Specialist track holding exactly the
+prompt plus every token yielded.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import numpy as np
+
+from specsteer import steer
+from specsteer.device.drafting import Drafted, budget, draft
+from specsteer.device.events import DecodeStats
+from specsteer.draft_length import DraftLength
+from specsteer.link import CompanionLink
+from specsteer.protocol import HelloOk, Mode, Verdict
+from specsteer.runtime.base import LanguageModel
+from specsteer.runtime.track import Track
+from specsteer.settings import Params
+
+MODES = {"speculative": Mode.SPECULATIVE, "specsteer": Mode.SPECSTEER}  # others: Mode.ROWS
+
+
+def s0_placed_on_device(params: Params, hello_ok: HelloOk | None) -> bool:
+    """Where P_S0 is computed: as asked, or (None) on the companion when it hosts the generic
+    Specialist (its hello names one) and on the device otherwise, so no session is refused."""
+    if params.s0_on_device is not None:
+        return params.s0_on_device
+    return hello_ok is not None and not hello_ok.specialist_sha256
+
+
+def collaborate(
+    specialist: LanguageModel,
+    local: Track,
+    public_ids: list[int],
+    params: Params,
+    link: CompanionLink,
+    stats: DecodeStats,
+    rng: np.random.Generator | None,
+) -> Iterator[tuple[int, str]]:
+    """Open a session over the public prompt and yield (token, provenance) from its rounds.
+
+    A generator: nothing is sent before the first token is asked for, so every link failure
+    surfaces at a `next()` of the decoding loop, which applies the offline policy.
+    """
+    mode = MODES.get(params.method, Mode.ROWS)
+    s0_here = mode is Mode.SPECSTEER and s0_placed_on_device(params, link.hello_ok)
+    link.open(public_ids, **params.session_settings(mode, s0_here))
+    if mode is Mode.ROWS:
+        yield from row_tokens(local, params, link, stats, rng, specialist.tokenizer.eos_ids)
+        return
+    s0 = Track(specialist, public_ids, len(public_ids) + params.max_new_tokens + 64, lazy=True) \
+        if s0_here else None
+    yield from SteeredRounds(specialist, local, s0, params, link, stats, rng, mode).tokens()
+
+
+class SteeredRounds:
+    """Draft–Verify–Recover rounds (or classic speculative ones) over one open session.
+
+    Pipelining (greedy only, so the output is unchanged): while the companion verifies a draft,
+    the device bets that all of it is accepted and that the bonus token is its own argmax, and
+    drafts the next round; a lost bet is one rewind, a won bet hides a draft.
+    """
+
+    def __init__(
+        self,
+        specialist: LanguageModel,
+        local: Track,
+        s0: Track | None,
+        params: Params,
+        link: CompanionLink,
+        stats: DecodeStats,
+        rng: np.random.Generator | None,
+        mode: Mode,
+    ) -> None:
+        self.local, self.s0, self.params, self.link = local, s0, params, link
+        self.stats, self.rng, self.mode = stats, rng, mode
+        self.eos = specialist.tokenizer.eos_ids
+        self.pipeline = params.pipeline and params.temperature <= 0
+        self.sizer = DraftLength(params.k, 1, params.k_max, self.pipeline) \
+            if params.adaptive_k else None
+        self.k = params.k
+        self.committed: list[int] = []  # ids the companion has not seen yet
+        self.produced = 0
+        self.ahead: Drafted | None = None  # the bet: next round's draft, made during the wait
+        self.ahead_s0: np.ndarray | None = None  # P_S0 rows of [guess, *ahead], same bet
+
+    def tokens(self) -> Iterator[tuple[int, str]]:
+        try:
+            while True:
+                emitted, finished = self.round()
+                yield from emitted
+                if finished:
+                    return
+        finally:
+            if self.s0 is not None:
+                self.s0.close()
+
+    def round(self) -> tuple[list[tuple[int, str]], bool]:
+        """One round: the tokens it settles and whether the generation ended (end-of-text)."""
+        stats = self.stats
+        t0 = time.perf_counter()
+        current = self._next_draft()
+        drafted = current.tokens
+        off = len(self.committed)
+        s0_base, s0_rows, s0_draft = self._s0_of_draft(drafted)
+        self.link.submit_draft(drafted, self.committed, s0_draft)
+        guess = self._bet(current, s0_rows)
+        stats.device_s += time.perf_counter() - t0
+        verdict = self.link.wait_verdict()
+        t1 = time.perf_counter()
+        n = verdict.accepted
+        stats.rounds += 1
+        stats.drafted += len(drafted)
+        stats.accepted += n
+        stats.accept_lengths.append(n)
+        if n == len(drafted) and drafted and drafted[-1] in self.eos:  # its end-of-text stands
+            return [(t, "draft") for t in drafted], True
+        s0_row = None if s0_rows is None else s0_rows[off + n]
+        token = self._recover(verdict, current.rows[n], s0_row)
+        bet_won = None if self.ahead is None else n == len(drafted) and token == guess
+        if self.sizer is not None and self.mode is Mode.SPECSTEER:
+            self.k = self.sizer.observe(
+                len(drafted), n, off + len(drafted), self.link.last_round_s, current.step_s,
+                bet_won,
+            )
+        if bet_won:
+            stats.pipelined += 1
+        else:  # lost bet, or none placed: back to the accepted prefix
+            self.ahead = self.ahead_s0 = None
+            self.local.session.rewind(min(current.base + n, self.local.session.length))
+        if self.s0 is not None and s0_rows is not None and self.ahead_s0 is None:
+            self.s0.keep(s0_base + off + n, s0_rows[off + n])
+        stats.device_s += time.perf_counter() - t1
+        stats.wait_s = self.link.stats.wait_s
+        emitted = [(t, "draft") for t in drafted[:n]]
+        emitted.append((token, "bonus" if n == len(drafted) else "recovered"))
+        self.produced += len(emitted)
+        self.committed = [token]
+        return emitted, token in self.eos
+
+    def _next_draft(self) -> Drafted:
+        """This round's draft: the won bet, finished to full length, or a fresh one."""
+        params = self.params
+        size = budget(params, self.k, self.produced)
+        if self.ahead is None:
+            if self.committed:
+                self.local.push(self.committed[-1])
+            return draft(self.local, size, params.temperature, self.rng, self.eos)
+        current, self.ahead = self.ahead, None
+        # the bet was cut short when the verdict landed: finish it, so that a round's draft
+        # (where its bonus falls, so the text) never depends on timing
+        cut = len(current.tokens)
+        draft(self.local, size, params.temperature, self.rng, self.eos, into=current)
+        if self.ahead_s0 is not None and len(current.tokens) > cut:
+            assert self.s0 is not None
+            extra = self.s0.extend(current.tokens[cut:])[1:]
+            self.ahead_s0 = np.concatenate([self.ahead_s0, extra])
+        return current
+
+    def _s0_of_draft(
+        self, drafted: list[int]
+    ) -> tuple[int, np.ndarray | None, list[float] | None]:
+        """With P_S0 on the device: (session base, its rows over committed + draft, the
+        log-probabilities of the drafts that go up). Otherwise (0, None, None)."""
+        if self.s0 is None:
+            return 0, None, None
+        off = len(self.committed)
+        if self.ahead_s0 is not None:  # won bet: [guess, *draft] is already in the session
+            base, rows = self.s0.length - off - len(drafted), self.ahead_s0
+        else:
+            base, rows = self.s0.length, self.s0.extend([*self.committed, *drafted])
+        self.ahead_s0 = None
+        lp = steer.log_softmax(rows, self.params.temperature)
+        return base, rows, [float(lp[off + j, t]) for j, t in enumerate(drafted)]
+
+    def _bet(self, current: Drafted, s0_rows: np.ndarray | None) -> int | None:
+        """Draft the next round now, assuming every draft passes and the bonus is the
+        Specialist's own argmax; returns that guess (None: no bet placed)."""
+        drafted = current.tokens
+        if not (self.pipeline and drafted and drafted[-1] not in self.eos):
+            return None
+        guess = int(np.argmax(current.rows[-1]))
+        size = budget(self.params, self.k, self.produced + len(drafted) + 1)
+        if guess in self.eos or size <= 0:
+            return guess
+        self.local.push(guess)
+        # stop betting as soon as the verdict is in: waiting on it is the hot path
+        self.ahead = draft(
+            self.local, size, self.params.temperature, self.rng, self.eos,
+            stop=self.link.reply_ready,
+        )
+        if self.s0 is not None and s0_rows is not None and not self.link.reply_ready():
+            # same bet for P_S0: score [guess, *ahead] now, off the hot path
+            self.ahead_s0 = self.s0.extend([guess, *self.ahead.tokens])
+        return guess
+
+    def _recover(self, verdict: Verdict, sc_row: np.ndarray, s0_row: np.ndarray | None) -> int:
+        """The token after the accepted drafts: the companion's correction (speculative), or
+        the fused pick over its candidates with the private term added here."""
+        if self.mode is Mode.SPECULATIVE:
+            return int(verdict.ids[0])
+        params = self.params
+        candidates = steer.SparseSteer(verdict.ids, verdict.values)
+        logp_s0 = None if s0_row is None else steer.log_softmax(s0_row, params.temperature)
+        scores = steer.fuse(
+            candidates, steer.log_softmax(sc_row, params.temperature), params.alpha, logp_s0
+        )
+        return steer.pick(candidates.ids, scores, params.temperature, self.rng)
+
+
+def row_tokens(
+    local: Track,
+    params: Params,
+    link: CompanionLink,
+    stats: DecodeStats,
+    rng: np.random.Generator | None,
+    eos: frozenset[int],
+) -> Iterator[tuple[int, str]]:
+    """Per-token baselines: LLM alone, LightCoSteer and CoSteer over the companion's top-k row."""
+    committed: list[int] = []
+    needs_local = params.method != "llm"
+    while True:
+        t0 = time.perf_counter()
+        if committed and needs_local:
+            local.push(committed[-1])
+        stats.device_s += time.perf_counter() - t0
+        reply = link.row(committed)
+        t1 = time.perf_counter()
+        ids = np.asarray(reply.ids, np.int64)
+        logp_g = np.asarray(reply.logp_g, np.float32)
+        if params.method == "llm":
+            scores = logp_g
+        else:
+            logp_sc = steer.log_softmax(local.row, params.temperature)[ids]
+            logp_s0 = np.asarray(reply.logp_s0, np.float32)
+            if params.method == "light_costeer":
+                scores = steer.light_costeer(logp_g, logp_sc, logp_s0, params.beta)
+            else:
+                scores = steer.costeer(
+                    logp_g, logp_sc, logp_s0, iterations=params.costeer_iterations, beta=params.beta
+                )
+        token = steer.pick(ids, scores, params.temperature, rng)
+        stats.rounds += 1
+        stats.device_s += time.perf_counter() - t1
+        stats.wait_s = link.stats.wait_s
+        yield token, "generalist"
+        if token in eos:
+            return
+        committed = [token]

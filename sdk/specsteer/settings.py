@@ -1,0 +1,79 @@
+"""`Params`: every setting of one generation, with its default, defined once.
+
+The settings travel as this one object from `Client` through the decoding loop; the part the
+companion needs crosses the wire as `protocol.SessionSettings`, built here by
+`Params.session_settings`, so no layer restates a default.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from specsteer.protocol import Mode, Select
+from specsteer.steer import SELECTS
+
+METHODS = ("slm", "slm_rag", "llm", "speculative", "light_costeer", "costeer", "specsteer")
+LOCAL_METHODS = ("slm", "slm_rag")
+# "fast" also halves the candidate set: the fused choice ranked within the Generalist's top 32
+# at 416 of 417 measured positions, so the text is nearly always the top-64 one, at ~60 % of
+# the bytes (bench/candidates.py, docs/BENCHMARKS.md)
+PRESETS = {
+    "default": {"gamma": 0.5},
+    "fast": {"gamma": 0.1, "top_k": 32},
+    "strict": {"gamma": 1.0},
+}
+
+
+@dataclass(frozen=True)
+class Params:
+    """Decoding settings; defaults are the paper's."""
+
+    method: str = "specsteer"
+    gamma: float = 0.5
+    alpha: float = 1.0
+    k: int = 4
+    top_k: int = 64
+    top_p: float = 1.0  # < 1: nucleus cut of the candidates (fewer bytes down; 1 = paper's top-k)
+    temperature: float = 0.0
+    max_new_tokens: int = 256
+    seed: int = 0
+    select: str = "generalist"  # or "difference" (METHOD.md: worse; kept to report it)
+    # where P_S0 is computed: None = the companion when it hosts the generic Specialist, else the
+    # device; True pays when the Specialist is much cheaper than the Generalist (int4)
+    s0_on_device: bool | None = None
+    costeer_iterations: int = 20
+    beta: float = 1.0
+    pipeline: bool = True  # draft the next round while the companion verifies (greedy only)
+    adaptive_k: bool = False  # choose K each round in [1, k_max] from measured costs (starts at k)
+    k_max: int = 8
+
+    def __post_init__(self) -> None:
+        if self.method not in METHODS:
+            raise ValueError(f"method must be one of {', '.join(METHODS)}, not {self.method!r}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError("top_p must be in (0, 1]")
+        if self.k < 0 or self.top_k < 1 or self.max_new_tokens < 0 or self.gamma < 0:
+            raise ValueError("k >= 0, top_k >= 1, max_new_tokens >= 0 and gamma >= 0 are required")
+        if self.select not in SELECTS:
+            raise ValueError("select must be 'generalist' or 'difference'")
+        if self.adaptive_k and not 1 <= self.k <= self.k_max:
+            raise ValueError("adaptive_k needs 1 <= k <= k_max")
+
+    @property
+    def collaborative(self) -> bool:
+        """Whether the method needs the companion at all."""
+        return self.method not in LOCAL_METHODS
+
+    def session_settings(self, mode: Mode, s0_on_device: bool) -> dict:
+        """What the companion needs of these settings for a session in `mode`."""
+        return dict(
+            mode=mode,
+            gamma=self.gamma,
+            alpha=0.0 if self.method == "llm" else self.alpha,
+            top_k=self.top_k,
+            temperature=self.temperature,
+            seed=self.seed,
+            select=Select.TOP_DIFFERENCE if self.select == "difference" else Select.TOP_LOGP_G,
+            s0_on_device=s0_on_device,
+            top_p=self.top_p,
+        )
