@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any
 
 from specsteer.device import (
-    PRESETS,
     DecodeStats,
     DevicePrompt,
     ModeChange,
@@ -164,16 +163,20 @@ class Client:
                preset: str | None = None, stop: Sequence[str] = (), offline: str = "degrade",
                before: str | None = None, result: list[Result] | None = None,
                on_mode: Callable[[ModeChange], None] | None = None,
-               **params: Any) -> Iterator[Piece]:
-        """Yield text pieces as tokens are decided. `params` are `device.Params` fields.
+               settings: Params | None = None, **params: Any) -> Iterator[Piece]:
+        """Yield text pieces as tokens are decided.
+
+        settings: a whole `Params`; or `preset` plus `params`, which are `Params` fields.
 
         offline: "degrade" (go on with the local Specialist when the companion is unreachable or
         drops, reconnecting with backoff), "fail" (raise CompanionUnavailable) or
         "wait(SECONDS)". `on_mode` is told of every switch between collaborative and local.
         """
         policy = OfflinePolicy.parse(offline)
-        settings = Params(**{**PRESETS.get(preset or "default", {}), **params}) \
-            if preset is None or preset in PRESETS else _bad_preset(preset)
+        if settings is None:
+            settings = Params.preset(preset, **params)
+        elif preset is not None or params:
+            raise ValueError("give either settings or preset/params, not both")
         started = time.perf_counter()
         prompt, device_prompt = self.prepare(query, task=task, before=before)
         retrieval_s = time.perf_counter() - started
@@ -241,10 +244,6 @@ class Client:
 def _find_stop(text: str, stop: Sequence[str]) -> int | None:
     positions = [text.find(s) for s in stop if s and s in text]
     return min(positions) if positions else None
-
-
-def _bad_preset(name: str) -> Params:
-    raise ValueError(f"unknown preset {name!r}; presets: {', '.join(PRESETS)}")
 
 
 __all__ = ["Client", "GenerationStats", "Piece", "Result", "TokenEvent"]

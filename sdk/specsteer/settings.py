@@ -59,6 +59,13 @@ class Params:
         if self.adaptive_k and not 1 <= self.k <= self.k_max:
             raise ValueError("adaptive_k needs 1 <= k <= k_max")
 
+    @classmethod
+    def preset(cls, name: str | None = None, **overrides: object) -> Params:
+        """A preset's settings ("default", "fast", "strict"), with explicit overrides on top."""
+        if name is not None and name not in PRESETS:
+            raise ValueError(f"unknown preset {name!r}; presets: {', '.join(PRESETS)}")
+        return cls(**{**PRESETS[name or "default"], **overrides})  # type: ignore[arg-type]
+
     @property
     def collaborative(self) -> bool:
         """Whether the method needs the companion at all."""

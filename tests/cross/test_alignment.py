@@ -420,7 +420,7 @@ def test_session_rounds_match_a_from_scratch_reference(tiny_model, cross_general
             checked += 1
             accepted_rounds += result.accepted > 0
             n = result.accepted
-            recovered = int(result.ids[int(np.argmax(result.values))])
+            recovered = int(result.candidates.ids[int(np.argmax(result.candidates.values))])
             gen += draft[:n] + [recovered]
             committed = [recovered]
             if recovered in s_tok.eos_ids:
@@ -473,9 +473,9 @@ def test_recovery_equals_brute_force_walk(tiny_model, cross_generalist, cross_ve
             with np.errstate(divide="ignore"):
                 expected = np.log(probs / probs.sum())
             top = np.argsort(-expected, kind="stable")[:3]
-            assert result.ids[:3].tolist() == top.tolist()
-            np.testing.assert_allclose(result.values[:3].astype(np.float64), expected[top],
-                                       atol=2e-2)
+            assert result.candidates.ids[:3].tolist() == top.tolist()
+            values = result.candidates.values[:3].astype(np.float64)
+            np.testing.assert_allclose(values, expected[top], atol=2e-2)
             # follow the text, not the recovery, so that the rounds stay comparable
             n = result.accepted
             nxt = text_ids[len(gen) + n]
