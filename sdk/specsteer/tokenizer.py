@@ -1,8 +1,10 @@
 """Text ↔ token ids for a compiled model, with its chat format and end-of-text ids.
 
-Wraps the `tokenizers` library (no transformers at run time). The vocabulary hash identifies a
-tokenizer by content, not by name: two models share the token path of the decoding loop only if
-their hashes are equal.
+Wraps the `tokenizers` library (no transformers at run time); nothing outside this module
+touches the wrapped object: what alignment needs of it (vocabulary, added tokens, decoder
+settings, pre-tokenizer split, batch encoding) has its own method here. The vocabulary hash
+identifies a tokenizer by content, not by name: two models share the token path of the decoding
+loop only if their hashes are equal.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from tokenizers import Tokenizer as _HFTokenizer
 
@@ -64,15 +67,42 @@ class Tokenizer:
     def vocab_size(self) -> int:
         return self._hf.get_vocab_size(with_added_tokens=True)
 
-    def encode(self, text: str) -> list[int]:
-        """Ids of `text` with no special tokens added."""
-        return self._hf.encode(text, add_special_tokens=False).ids
+    def encode(self, text: str, *, add_special: bool = False) -> list[int]:
+        """Ids of `text`; `add_special` adds the tokenizer's own special tokens (Gemma's <bos>)."""
+        return self._hf.encode(text, add_special_tokens=add_special).ids
+
+    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        """Ids of each text, no special tokens added; one call into the library for all."""
+        return [enc.ids for enc in self._hf.encode_batch(list(texts), add_special_tokens=False)]
 
     def decode(self, ids: Sequence[int], *, skip_special: bool = True) -> str:
         return self._hf.decode(list(ids), skip_special_tokens=skip_special)
 
     def id_to_token(self, token_id: int) -> str | None:
         return self._hf.id_to_token(token_id)
+
+    def vocab(self, *, with_added: bool = True) -> dict[str, int]:
+        """Token string -> id; `with_added=False` leaves out the added (chat, control) tokens."""
+        return self._hf.get_vocab(with_added_tokens=with_added)
+
+    def added_tokens(self) -> dict[int, tuple[str, bool]]:
+        """The added tokens by id, as (content, special): they match raw text, not the model's
+        token alphabet; special ones are control tokens that `decode` skips."""
+        return {
+            tid: (added.content, bool(added.special))
+            for tid, added in self._hf.get_added_tokens_decoder().items()
+        }
+
+    def decoder_config(self) -> dict[str, Any] | None:
+        """The `decoder` section of tokenizer.json (how token strings become text), or None."""
+        decoder = self._hf.decoder
+        return None if decoder is None else json.loads(decoder.__getstate__())
+
+    def pre_tokenize(self, text: str) -> list[tuple[str, tuple[int, int]]] | None:
+        """The pre-tokenizer's split of raw `text`: (piece, (start, end)) with character
+        offsets; None when the tokenizer has no pre-tokenizer."""
+        pre = self._hf.pre_tokenizer
+        return None if pre is None else pre.pre_tokenize_str(text)
 
     def count(self, text: str) -> int:
         """Number of tokens of `text` (prompt budgeting)."""
@@ -95,3 +125,4 @@ class Tokenizer:
     ) -> list[int]:
         """Token ids of a conversation, ready to append to a session."""
         return self.encode(self.render_chat(messages, add_generation_prompt=add_generation_prompt))
+
