@@ -1,25 +1,18 @@
 """The SpecSteer wire protocol: versioned binary messages and sans-I/O state machines.
 
 This package owns the bytes that cross the network between the device and the companion and the
-order in which they may cross, in the layout of python-websockets: `messages` (enums, `Limits`
-and the message dataclasses with their validation), `codec` (`encode`/`decode`), `events` (what
-a state machine reports) and `connections` (`DeviceConnection`, `CompanionConnection`). It does
-no I/O, no model work and no decoding maths, and never encodes anything derived from the private
-context other than drafted token ids. Import from here: the public names below are the
-package's interface; its modules' layout is not.
+order in which they may cross, in the layout of python-websockets: `messages` (the wire enums,
+`Limits` and the message dataclasses with their validation), `codec` (`encode`/`decode`),
+`events` (what a state machine reports) and `connections` (`State`, `DeviceConnection`,
+`CompanionConnection`). It does no I/O, no model work and no decoding maths, and never encodes
+anything derived from the private context other than drafted token ids. Import from here: the
+public names below are the package's interface; its modules' layout is not.
 """
 
 from __future__ import annotations
 
-from specsteer.protocol.codec import (
-    decode,
-    encode,
-)
-from specsteer.protocol.connections import (
-    CompanionConnection,
-    DeviceConnection,
-    State,
-)
+from specsteer.protocol.codec import decode, encode
+from specsteer.protocol.connections import CompanionConnection, DeviceConnection, State
 from specsteer.protocol.events import (
     Closed,
     CloseRequested,
