@@ -75,9 +75,9 @@ def _byte_level_alphabet() -> dict[str, int]:
 _BYTE_LEVEL = _byte_level_alphabet()
 
 
-def _scheme(spec: dict) -> str:
+def _scheme(decoder_config: dict | None) -> str:
     """How this tokenizer writes bytes in its token strings: byte_level, sentencepiece or plain."""
-    decoder = json.dumps(spec.get("decoder"), ensure_ascii=False)
+    decoder = json.dumps(decoder_config, ensure_ascii=False)
     if '"ByteLevel"' in decoder:
         return "byte_level"
     if '"ByteFallback"' in decoder or "\u2581" in decoder or '"Metaspace"' in decoder:
@@ -219,18 +219,17 @@ def token_table(tokenizer: Tokenizer, size: int | None = None) -> TokenTable:
 
 
 def _build_table(tokenizer: Tokenizer, size: int) -> TokenTable:
-    hf = tokenizer._hf  # the wrapped `tokenizers` object: the only way to its model and decoder
-    scheme = _scheme(json.loads(hf.to_str()))
+    scheme = _scheme(tokenizer.decoder_config())
     pieces = [b""] * size
     special = np.ones(size, dtype=bool)
-    for token, tid in hf.get_vocab(with_added_tokens=False).items():
+    for token, tid in tokenizer.vocab(with_added=False).items():
         if tid < size:
             pieces[tid] = _piece(token, scheme)
             special[tid] = False
-    for tid, added in hf.get_added_tokens_decoder().items():
+    for tid, (content, is_special) in tokenizer.added_tokens().items():
         if tid < size:
-            pieces[tid] = added.content.encode()  # added tokens match raw text, not byte-level
-            special[tid] = bool(added.special)
+            pieces[tid] = content.encode()  # added tokens match raw text, not byte-level
+            special[tid] = is_special
     return TokenTable(tokenizer, pieces, special, size, scheme)
 
 
@@ -352,14 +351,13 @@ def _last_word_start(table: TokenTable, data: bytes, ws: int) -> int:
     (SentencePiece, whose pre-tokenizer sees '▁' after normalisation) the last whitespace-led
     word, or the trailing whitespace run.
     """
-    pre = table.tokenizer._hf.pre_tokenizer
-    if table.scheme == "byte_level" and pre is not None:
+    if table.scheme == "byte_level":
         try:
             text = data[ws:].decode("utf-8")
         except UnicodeDecodeError:
             text = None
         if text:
-            pieces = pre.pre_tokenize_str(text)
+            pieces = table.tokenizer.pre_tokenize(text)
             if pieces:
                 return ws + len(text[: pieces[-1][1][0]].encode())
     i = len(data)
@@ -552,9 +550,8 @@ def _text_images(s: TokenTable, g: TokenTable) -> np.ndarray:
             valid.append(gid)
         except UnicodeDecodeError:
             first[gid] = s.longest_prefix(g.pieces[gid])
-    for gid, enc in zip(valid, s.tokenizer._hf.encode_batch(texts, add_special_tokens=False),
-                        strict=True):
-        head = enc.ids[0] if enc.ids else -1
+    for gid, ids in zip(valid, s.tokenizer.encode_batch(texts), strict=True):
+        head = ids[0] if ids else -1
         ok = head >= 0 and not s.special[head] and g.pieces[gid].startswith(s.pieces[head])
         first[gid] = head if ok else s.longest_prefix(g.pieces[gid])
     return first

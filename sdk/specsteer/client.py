@@ -196,16 +196,27 @@ class Client:
         connector = connect if self.companion is not None else None
         events = decode(self.specialist, device_prompt, settings, None, stats, connect=connector,
                         offline=policy, on_mode=on_mode)
-        try:
+
+        def pieces() -> Iterator[tuple[str, TokenEvent]]:
+            """New text and the token that completed it; unfinished characters wait for the rest."""
+            detokenizer, last = tok.stream_decoder(), None
             for event in events:
                 if event.token in tok.eos_ids:
                     break
                 tokens.append(event.token)
                 provenance.append(event.provenance)
-                full = tok.decode(tokens)
-                if full.endswith("\ufffd"):  # an incomplete UTF-8 character: wait for the rest
-                    continue
-                piece, text = full[len(text):], full
+                last, piece = event, detokenizer.push(event.token)
+                if not detokenizer.pending:
+                    yield piece, event
+            # Held text the end made final (byte-fallback runs); a character the end cut off
+            # stays out of the pieces, as it always has.
+            tail = detokenizer.flush()
+            if tail and not tail.endswith("\ufffd") and last is not None:
+                yield tail, last
+
+        try:
+            for piece, event in pieces():
+                text += piece
                 cut = _find_stop(text, stop)
                 if cut is not None:
                     text = text[:cut]

@@ -174,8 +174,8 @@ def test_pair_tables_against_brute_force(s_name, g_name):
 def test_control_tokens_map_explicitly(g_name, markers):
     s_tok, g_tok = _tokenizer("smollm2-135m"), _tokenizer(g_name)
     pair = al.pair_tables(s_tok, g_tok)
-    g_vocab = g_tok._hf.get_vocab(with_added_tokens=True)
-    s_vocab = s_tok._hf.get_vocab(with_added_tokens=True)
+    g_vocab = g_tok.vocab()
+    s_vocab = s_tok.vocab()
     for g_marker, s_marker in markers.items():
         assert pair.first_s[g_vocab[g_marker]] == s_vocab[s_marker]
     assert pair.s_eos_main == s_vocab["<|im_end|>"]
@@ -278,7 +278,7 @@ def test_chat_prompt_is_re_rendered_for_the_generalist(tiny_model):
     assert parse_chatml(text) == (messages, True)
     assert parse_chatml("no chat here") is None
     table = al.token_table(s_tok)
-    plain = Tokenizer(s_tok._hf, chat_template="none")
+    plain = Tokenizer.from_folder(tiny_model.folder, chat_template="none")
     ids = generalist_prompt(table, plain, s_tok.encode(text))
     assert plain.decode(ids) == "Be brief.\n\nWrite to Anna: 東京 😀\n\n"
     same = generalist_prompt(table, s_tok, s_tok.encode(text))

@@ -45,6 +45,6 @@ def generalist_prompt(s_table: TokenTable, g_tok: Tokenizer,
     if parsed is not None:
         messages, open_turn = parsed
         text = g_tok.render_chat(messages, add_generation_prompt=open_turn)
-    return g_tok._hf.encode(text, add_special_tokens=True).ids
+    return g_tok.encode(text, add_special=True)
 
 

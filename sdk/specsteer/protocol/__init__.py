@@ -1,0 +1,87 @@
+"""The SpecSteer wire protocol: versioned binary messages and sans-I/O state machines.
+
+This package owns the bytes that cross the network between the device and the companion and the
+order in which they may cross, in the layout of python-websockets: `messages` (the wire enums,
+`Limits` and the message dataclasses with their validation), `codec` (`encode`/`decode`),
+`events` (what a state machine reports) and `connections` (`State`, `DeviceConnection`,
+`CompanionConnection`). It does no I/O, no model work and no decoding maths, and never encodes
+anything derived from the private context other than drafted token ids. Import from here: the
+public names below are the package's interface; its modules' layout is not.
+"""
+
+from __future__ import annotations
+
+from specsteer.protocol.codec import decode, encode
+from specsteer.protocol.connections import CompanionConnection, DeviceConnection, State
+from specsteer.protocol.events import (
+    Closed,
+    CloseRequested,
+    ConnectionFailed,
+    DraftReceived,
+    ErrorReceived,
+    Event,
+    HelloAccepted,
+    HelloReceived,
+    RowReceived,
+    RowRequested,
+    SessionReady,
+    SessionRequested,
+    VerdictReceived,
+)
+from specsteer.protocol.messages import (
+    PROTOCOL_VERSION,
+    Close,
+    Draft,
+    Error,
+    ErrorCode,
+    Hello,
+    HelloOk,
+    Limits,
+    Message,
+    MessageType,
+    Mode,
+    OpenSession,
+    RowReply,
+    RowRequest,
+    Select,
+    SessionOpened,
+    Verdict,
+)
+
+__all__ = [
+    "PROTOCOL_VERSION",
+    "Close",
+    "Closed",
+    "CloseRequested",
+    "CompanionConnection",
+    "ConnectionFailed",
+    "DeviceConnection",
+    "Draft",
+    "DraftReceived",
+    "Error",
+    "ErrorCode",
+    "ErrorReceived",
+    "Event",
+    "Hello",
+    "HelloAccepted",
+    "HelloOk",
+    "HelloReceived",
+    "Limits",
+    "Message",
+    "MessageType",
+    "Mode",
+    "OpenSession",
+    "RowReceived",
+    "RowReply",
+    "RowRequest",
+    "RowRequested",
+    "Select",
+    "SessionOpened",
+    "SessionReady",
+    "SessionRequested",
+    "State",
+    "Verdict",
+    "VerdictReceived",
+    "decode",
+    "encode",
+]
