@@ -42,16 +42,17 @@ from specsteer.protocol import (
     RowReply,
     RowRequest,
     RowRequested,
-    Select,
     SessionOpened,
     SessionReady,
     SessionRequested,
+    SessionSettings,
     State,
     Verdict,
     VerdictReceived,
     decode,
     encode,
 )
+from specsteer.steer import SELECTS
 
 VOCAB = 151_936  # Qwen2.5's vocabulary: ids above 16383 take 3 varint bytes
 G_SHA = "a" * 64
@@ -126,7 +127,8 @@ def test_other_messages_bytes() -> None:
     assert encode(Error(ErrorCode.BAD_TOKEN, "x")) == b"\x01\x0a\x07\x00\x01x"
     row = RowReply((9, 4), (-1.0, -2.0), (-3.0, -4.0))
     assert encode(row) == b"\x01\x08\x02\x04\x04" + f16(-2.0) + f16(-1.0) + f16(-4.0) + f16(-3.0)
-    request = OpenSession((1, 2), Mode.ROWS, 0.5, 1.0, 64, 0.0, 42, Select.TOP_DIFFERENCE, True)
+    settings = SessionSettings(Mode.ROWS, 0.5, 1.0, 64, 0.0, 42, "difference", True)
+    request = OpenSession((1, 2), settings)
     assert encode(request) == (
         b"\x01\x03\x02\x01\x01"
         + struct.pack("<fffHQf", 0.5, 1.0, 0.0, 64, 42, 1.0)
@@ -136,7 +138,8 @@ def test_other_messages_bytes() -> None:
 
 def test_float_fields_hold_wire_precision() -> None:
     # What a dataclass shows is what the peer will see: f32 settings, f16 values.
-    assert OpenSession((1,), gamma=0.1).gamma == struct.unpack("<f", struct.pack("<f", 0.1))[0]
+    wire_gamma = struct.unpack("<f", struct.pack("<f", 0.1))[0]
+    assert OpenSession((1,), SessionSettings(gamma=0.1)).settings.gamma == wire_gamma
     assert Verdict(0, 0, (1,), (0.1,)).values == (struct.unpack("<e", f16(0.1))[0],)
     # Finite values beyond float16 saturate to -inf: a logp of -1e5 is impossible, not NaN.
     assert Verdict(0, 0, (1,), (-1e5,)).values == (-math.inf,)
@@ -182,7 +185,7 @@ def test_decode_rejects(frame: bytes, code: ErrorCode) -> None:
     [
         Hello(G_SHA, S_SHA, "token", "client"),
         HelloOk("1.0", G_SHA, S_SHA, VOCAB, 16, 8192, 65536, 1024),
-        OpenSession((1, 2, 3), gamma=0.25, seed=2**63),
+        OpenSession((1, 2, 3), SessionSettings(gamma=0.25, seed=2**63)),
         SessionOpened(2**40, 3),
         Draft(5, (7,), (1, 2), logp_s0=(-1.0, -2.0)),
         Verdict(5, 2, (1, 50, 70_000), (-1.0, -2.0, -3.0)),
@@ -211,8 +214,10 @@ def test_counts_over_limits() -> None:
     limits = Limits(max_draft=4, max_prompt_tokens=3, max_top_k=2)
     assert_code(ErrorCode.LIMIT_EXCEEDED, decode, encode(Draft(0, (), (1,) * 5)), limits)
     assert_code(ErrorCode.LIMIT_EXCEEDED, decode, encode(Draft(0, (1,) * 4, ())), limits)
-    assert_code(ErrorCode.LIMIT_EXCEEDED, decode, encode(OpenSession((1,) * 4, top_k=2)), limits)
-    assert_code(ErrorCode.LIMIT_EXCEEDED, decode, encode(OpenSession((1,), top_k=3)), limits)
+    long_prompt = OpenSession((1,) * 4, SessionSettings(top_k=2))
+    assert_code(ErrorCode.LIMIT_EXCEEDED, decode, encode(long_prompt), limits)
+    wide = OpenSession((1,), SessionSettings(top_k=3))
+    assert_code(ErrorCode.LIMIT_EXCEEDED, decode, encode(wide), limits)
     assert_code(
         ErrorCode.LIMIT_EXCEEDED, decode, encode(Verdict(0, 0, (1, 2, 3), (0,) * 3)), limits
     )
@@ -277,11 +282,11 @@ def test_messages_reject_invalid_values_at_construction() -> None:
     assert_code(ErrorCode.BAD_TOKEN, Draft, 0, (), (-1,))
     assert_code(ErrorCode.BAD_TOKEN, Draft, 0, (), (2**32,))
     assert_code(ErrorCode.BAD_VALUE, Draft, 0, (), (1, 2), logp_s0=(0.0,))
-    assert_code(ErrorCode.BAD_VALUE, OpenSession, (1,), gamma=-0.5)
-    assert_code(ErrorCode.BAD_VALUE, OpenSession, (1,), gamma=math.inf)
-    assert_code(ErrorCode.BAD_VALUE, OpenSession, (1,), alpha=1e300)
-    assert_code(ErrorCode.BAD_VALUE, OpenSession, (1,), top_k=0)
-    assert_code(ErrorCode.BAD_VALUE, OpenSession, (1,), mode=9)
+    assert_code(ErrorCode.BAD_VALUE, SessionSettings, gamma=-0.5)
+    assert_code(ErrorCode.BAD_VALUE, SessionSettings, gamma=math.inf)
+    assert_code(ErrorCode.BAD_VALUE, SessionSettings, alpha=1e300)
+    assert_code(ErrorCode.BAD_VALUE, SessionSettings, top_k=0)
+    assert_code(ErrorCode.BAD_VALUE, SessionSettings, mode=9)
     assert_code(ErrorCode.BAD_VALUE, Error, 70_000, "")
     assert_code(ErrorCode.BAD_VALUE, Close, "\ud800")
     assert_code(ErrorCode.BAD_VALUE, Limits, max_top_k=70_000)
@@ -316,7 +321,7 @@ def handshake(
     )
     [event] = transfer(companion, device)
     assert isinstance(event, HelloAccepted) and event.hello_ok.vocab_size == VOCAB
-    device.open_session((10, 11, 12), **session)
+    device.open_session((10, 11, 12), SessionSettings(**session))
     [event] = transfer(device, companion)
     assert isinstance(event, SessionRequested) and event.request.prompt_ids == (10, 11, 12)
     companion.session_opened(session_id=77)
@@ -380,7 +385,7 @@ def test_byte_accounting_matches_captured_frames_exactly() -> None:
         companion_version="0.1", generalist_sha256=G_SHA, specialist_sha256="", vocab_size=VOCAB
     )
     pump()
-    device.open_session(list(range(100)), s0_on_device=True)
+    device.open_session(list(range(100)), SessionSettings(s0_on_device=True))
     pump()
     companion.session_opened(1)
     pump()
@@ -507,7 +512,7 @@ def test_device_checks_its_own_requests_against_companion_limits() -> None:
     assert_code(ErrorCode.OUT_OF_ORDER, device2.open_session, (1,))
     device3, _ = handshake()
     assert_code(ErrorCode.LIMIT_EXCEEDED, device3.open_session, range(8193))
-    assert_code(ErrorCode.LIMIT_EXCEEDED, device3.open_session, (1,), top_k=1025)
+    assert_code(ErrorCode.LIMIT_EXCEEDED, device3.open_session, (1,), SessionSettings(top_k=1025))
     device3.send_draft((1,))
     assert_code(ErrorCode.OUT_OF_ORDER, device3.send_draft, (1,))  # one draft outstanding
 
@@ -687,14 +692,17 @@ messages_st = st.one_of(
     st.builds(
         OpenSession,
         ids_st,
-        st.sampled_from(Mode),
-        f32_pos,
-        f32_any,
-        st.integers(1, 0xFFFF),
-        f32_pos,
-        st.integers(0, 2**64 - 1),
-        st.sampled_from(Select),
-        st.booleans(),
+        st.builds(
+            SessionSettings,
+            st.sampled_from(Mode),
+            f32_pos,
+            f32_any,
+            st.integers(1, 0xFFFF),
+            f32_pos,
+            st.integers(0, 2**64 - 1),
+            st.sampled_from(SELECTS),
+            st.booleans(),
+        ),
     ),
     st.builds(SessionOpened, st.integers(0, 2**64 - 1), st.integers(0, 2**32 - 1)),
     draft_st(),

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from specsteer import steer
-from specsteer.protocol import Mode, OpenSession, Select
+from specsteer.protocol import Mode, OpenSession
 from specsteer.runtime.base import LanguageModel
 from specsteer.runtime.track import Track
 from specsteer_companion.cross import CrossVerifierSession
@@ -38,37 +38,25 @@ class Verifier:
         return VerifierSession(self, request)
 
 
-def needs_hosted_s0(request: OpenSession) -> bool:
-    """Whether a session must run P_S0 here: SpecSteer with P_S0 not on the device, or the
-    per-token baselines that steer by logp_Sc - logp_S0 (alpha != 0)."""
-    if request.mode == Mode.SPECSTEER:
-        return not request.s0_on_device
-    return request.mode == Mode.ROWS and request.alpha != 0.0
-
-
-def select_rule(request: OpenSession) -> str:
-    """The candidate rule of `steer.sparse_steer` the session asked for."""
-    return "difference" if request.select == Select.TOP_DIFFERENCE else "generalist"
-
-
 class VerifierSession:
     """One device's generation on the companion (the two models share a tokenizer)."""
 
     def __init__(self, verifier: Verifier, request: OpenSession) -> None:
         self.request = request
-        self.mode = Mode(request.mode)
+        self.settings = settings = request.settings
+        self.mode = Mode(settings.mode)
         prompt = list(request.prompt_ids)
-        self.temperature = request.temperature if request.temperature > 0 else 1.0
+        self.temperature = settings.temperature if settings.temperature > 0 else 1.0
         limit = verifier.max_session_tokens
-        if needs_hosted_s0(request) and verifier.specialist is None:
+        if settings.companion_s0 and verifier.specialist is None:
             raise ValueError(
                 "this companion hosts no generic Specialist; send logp_S0 from the device"
             )
         self.g = Track(verifier.generalist, prompt, limit)
         self.s0 = Track(verifier.specialist, prompt, limit) \
-            if needs_hosted_s0(request) and verifier.specialist is not None else None
+            if settings.companion_s0 and verifier.specialist is not None else None
         self.length = len(prompt)
-        self.rng = np.random.default_rng(request.seed) if request.temperature > 0 else None
+        self.rng = np.random.default_rng(settings.seed) if settings.temperature > 0 else None
 
     def _logp(self, rows: np.ndarray) -> np.ndarray:
         return steer.log_softmax(rows, self.temperature)
@@ -97,15 +85,15 @@ class VerifierSession:
             ls0_draft = logp_s0[at_draft, list(draft)] if draft else lg_draft
         else:
             ls0_draft = np.asarray(logp_s0_draft, np.float32)
-        accepted = steer.ratio_accept_count(lg_draft, ls0_draft, self.request.gamma, self.rng)
+        accepted = steer.ratio_accept_count(lg_draft, ls0_draft, self.settings.gamma, self.rng)
         at = offset + accepted
         candidates = steer.sparse_steer(
             logp_g[at],
             None if logp_s0 is None else logp_s0[at],
-            self.request.alpha,
-            self.request.top_k,
-            select_rule(self.request),
-            self.request.top_p,
+            self.settings.alpha,
+            self.settings.top_k,
+            self.settings.select,
+            self.settings.top_p,
         )
         self._keep(at, g_rows, s0_rows)
         return steer.RoundVerdict(accepted, candidates)
@@ -115,7 +103,7 @@ class VerifierSession:
         g_rows = self.g.extend(committed)
         logp_g = self._logp(g_rows[-1])
         candidates = steer.sparse_steer(
-            logp_g, None, 0.0, self.request.top_k, top_p=self.request.top_p
+            logp_g, None, 0.0, self.settings.top_k, top_p=self.settings.top_p
         )
         if self.s0 is not None:
             s0_rows = self.s0.extend(committed)

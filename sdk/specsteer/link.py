@@ -20,11 +20,10 @@ from specsteer.protocol import (
     ErrorReceived,
     HelloAccepted,
     HelloOk,
-    Mode,
     RowReceived,
     RowReply,
-    Select,
     SessionReady,
+    SessionSettings,
     Verdict,
     VerdictReceived,
 )
@@ -143,32 +142,9 @@ class CompanionLink:
         self.hello_ok = event.hello_ok
         return event.hello_ok
 
-    def open(
-        self,
-        prompt_ids: Sequence[int],
-        *,
-        mode: Mode,
-        gamma: float,
-        alpha: float,
-        top_k: int,
-        temperature: float,
-        seed: int,
-        select: Select,
-        s0_on_device: bool,
-        top_p: float = 1.0,
-    ) -> int:
-        self.conn.open_session(
-            list(prompt_ids),
-            mode=mode,
-            gamma=gamma,
-            alpha=alpha,
-            top_k=top_k,
-            temperature=temperature,
-            seed=seed,
-            select=select,
-            s0_on_device=s0_on_device,
-            top_p=top_p,
-        )
+    def open(self, prompt_ids: Sequence[int], settings: SessionSettings) -> int:
+        """Open a session over the public prompt; returns the prompt length the companion holds."""
+        self.conn.open_session(list(prompt_ids), settings)
         event = self._await(SessionReady)
         assert isinstance(event, SessionReady)
         return event.prompt_length

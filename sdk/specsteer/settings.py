@@ -9,8 +9,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from specsteer.protocol import Mode, Select
+from specsteer.protocol import Mode, SessionSettings
 from specsteer.steer import SELECTS
+
+_WIRE = SessionSettings()  # the method's defaults, written once (protocol.SessionSettings)
 
 METHODS = ("slm", "slm_rag", "llm", "speculative", "light_costeer", "costeer", "specsteer")
 LOCAL_METHODS = ("slm", "slm_rag")
@@ -29,15 +31,15 @@ class Params:
     """Decoding settings; defaults are the paper's."""
 
     method: str = "specsteer"
-    gamma: float = 0.5
-    alpha: float = 1.0
+    gamma: float = _WIRE.gamma
+    alpha: float = _WIRE.alpha
     k: int = 4
-    top_k: int = 64
-    top_p: float = 1.0  # < 1: nucleus cut of the candidates (fewer bytes down; 1 = paper's top-k)
-    temperature: float = 0.0
+    top_k: int = _WIRE.top_k
+    top_p: float = _WIRE.top_p  # < 1: nucleus cut of the candidates (fewer bytes; 1 = top-k)
+    temperature: float = _WIRE.temperature
     max_new_tokens: int = 256
-    seed: int = 0
-    select: str = "generalist"  # or "difference" (METHOD.md: worse; kept to report it)
+    seed: int = _WIRE.seed
+    select: str = _WIRE.select  # or "difference" (METHOD.md: worse; kept to report it)
     # where P_S0 is computed: None = the companion when it hosts the generic Specialist, else the
     # device; True pays when the Specialist is much cheaper than the Generalist (int4)
     s0_on_device: bool | None = None
@@ -71,16 +73,16 @@ class Params:
         """Whether the method needs the companion at all."""
         return self.method not in LOCAL_METHODS
 
-    def session_settings(self, mode: Mode, s0_on_device: bool) -> dict:
+    def session_settings(self, mode: Mode, s0_on_device: bool) -> SessionSettings:
         """What the companion needs of these settings for a session in `mode`."""
-        return dict(
+        return SessionSettings(
             mode=mode,
             gamma=self.gamma,
             alpha=0.0 if self.method == "llm" else self.alpha,
             top_k=self.top_k,
             temperature=self.temperature,
             seed=self.seed,
-            select=Select.TOP_DIFFERENCE if self.select == "difference" else Select.TOP_LOGP_G,
+            select=self.select,
             s0_on_device=s0_on_device,
             top_p=self.top_p,
         )

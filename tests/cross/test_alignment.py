@@ -15,15 +15,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from specsteer import alignment as al
 from specsteer import protocol
 from specsteer.client import Client
 from specsteer.models.registry import PRECISIONS, compiled_dir, get_spec
 from specsteer.models.tiny import tiny_model_dir
-from specsteer.protocol import OpenSession
+from specsteer.protocol import OpenSession, SessionSettings
 from specsteer.runtime import OnnxModel, load_model
 from specsteer.tokenizer import Message, Tokenizer
 from specsteer_companion.cross import CrossVerifierSession, generalist_prompt, parse_chatml
+from specsteer_companion.cross import alignment as al
 from specsteer_companion.endpoint import CompanionEndpoint
 from specsteer_companion.local import LocalChannel
 from specsteer_companion.verifier import Verifier, VerifierSession
@@ -392,7 +392,7 @@ def test_session_rounds_match_a_from_scratch_reference(tiny_model, cross_general
         prompt = s_tok.chat_ids([Message("user", query)])
         ref = _Reference(tiny_model, cross_generalist, pair, prompt, tail)
         session = CrossVerifierSession(cross_verifier, OpenSession(
-            prompt_ids=tuple(prompt), gamma=gamma, alpha=1.0), tail=tail)
+            prompt_ids=tuple(prompt), settings=SessionSettings(gamma=gamma, alpha=1.0)), tail=tail)
         gen: list[int] = []
         committed: list[int] = []
         for _ in range(8):
@@ -442,7 +442,8 @@ def test_recovery_equals_brute_force_walk(tiny_model, cross_generalist, cross_ve
         prompt = s_tok.chat_ids([Message("user", query)])
         g_prompt = generalist_prompt(pair.s, cross_generalist.tokenizer, prompt)
         session = CrossVerifierSession(cross_verifier, OpenSession(
-            prompt_ids=tuple(prompt), gamma=0.05, alpha=0.0, top_k=8), merge_cap=10**6)
+            prompt_ids=tuple(prompt), settings=SessionSettings(gamma=0.05, alpha=0.0, top_k=8)),
+            merge_cap=10**6)
         text_ids = s_tok.encode(" The results of the experiment show that retrieval improves"
                                 " the quality of personalized generation.")
         gen: list[int] = []

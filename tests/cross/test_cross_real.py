@@ -13,7 +13,6 @@ import os
 import numpy as np
 import pytest
 
-from specsteer import alignment as al
 from specsteer.client import Client
 from specsteer.errors import ModelError
 from specsteer.history import HistoryStore
@@ -21,6 +20,7 @@ from specsteer.models.registry import compiled_dir, get_spec
 from specsteer.runtime import OnnxModel, load_model
 from specsteer.tokenizer import Message
 from specsteer_companion.cross import CrossVerifierSession, generalist_prompt
+from specsteer_companion.cross import alignment as al
 from specsteer_companion.local import LocalChannel
 from specsteer_companion.verifier import Verifier
 

@@ -37,7 +37,8 @@ from specsteer.client import Client
 from specsteer.errors import ProtocolError
 from specsteer.history import HistoryStore
 from specsteer.link import CompanionLink
-from specsteer.protocol import ErrorCode, Mode, Select
+from specsteer.protocol import ErrorCode, Mode, SessionSettings
+from specsteer.steer import SELECTS
 from specsteer.transport import WebSocketChannel
 from specsteer_companion.server import CompanionServer, ServerConfig
 from specsteer_companion.verifier import Verifier
@@ -329,7 +330,7 @@ class Fuzzer:
         if state is protocol.State.SESSION:
             session = conn.session
             assert session is not None
-            rows = session.mode is Mode.ROWS
+            rows = session.settings.mode is Mode.ROWS
             menu.append(
                 lambda: (
                     "wrong round",
@@ -352,7 +353,8 @@ class Fuzzer:
                 return (
                     protocol.RowRequest(ids)
                     if rows
-                    else protocol.Draft(r, ids, [1], [-1.0] if session.s0_on_device else None)
+                    else protocol.Draft(r, ids, [1], [-1.0] if session.settings.s0_on_device
+                                       else None)
                 )
 
             menu.append(
@@ -367,7 +369,9 @@ class Fuzzer:
                     lambda: (
                         "logp_s0 against the session",
                         protocol.encode(
-                            protocol.Draft(r, [], [1], None if session.s0_on_device else [-1.0])
+                            protocol.Draft(
+                                r, [], [1], None if session.settings.s0_on_device else [-1.0]
+                            )
                         ),
                         frozenset({ErrorCode.BAD_VALUE}),
                     )
@@ -430,17 +434,19 @@ class Fuzzer:
             )
             conn.open_session(
                 [rng.randrange(v) for _ in range(length)],
+                SessionSettings(
                 mode=mode,
                 gamma=rng.choice([0.0, 0.5, 1.0, 1e-30, 1e30, rng.uniform(0, 5)]),
                 alpha=rng.choice([0.0, 1.0, -3.0, 1e30, rng.uniform(-5, 5)]),
                 top_k=rng.choice([1, 8, 64, 64, LIMITS.max_top_k, rng.randrange(1, 200)]),
                 temperature=rng.choice([0.0, 0.0, 1.0, 1e-30, 1e30, rng.uniform(0, 3)]),
                 seed=rng.randrange(2**64),
-                select=rng.choice(list(Select)),
+                select=rng.choice(SELECTS),
                 s0_on_device=mode is not Mode.ROWS and rng.random() < 0.3,
                 top_p=rng.choice([1.0, 1.0, 0.5, 1e-6, rng.uniform(1e-6, 1.0)]),
+                ),
             )
-        elif conn.session is not None and conn.session.mode is Mode.ROWS:
+        elif conn.session is not None and conn.session.settings.mode is Mode.ROWS:
             conn.request_row([rng.randrange(v) for _ in range(rng.randrange(0, 4))])
         else:
             assert conn.session is not None
@@ -451,7 +457,9 @@ class Fuzzer:
             ]
             committed = [rng.randrange(v) for _ in range(rng.randrange(3))]
             conn.send_draft(
-                draft, committed_ids=committed, logp_s0=logp if conn.session.s0_on_device else None
+                draft,
+                committed_ids=committed,
+                logp_s0=logp if conn.session.settings.s0_on_device else None,
             )
         return conn.data_to_send()
 

@@ -103,19 +103,18 @@ def test_session_quota_per_identity(tiny_model, tiny_generalist, store, tokens):
         ServerConfig(port=0, max_sessions_per_identity=2),
         authenticate=_auth(tokens),
     )
-    session = dict(mode=protocol.Mode.SPECSTEER, gamma=0.5, alpha=1.0, top_k=8, temperature=0.0,
-                   seed=0, select=protocol.Select.TOP_LOGP_G, s0_on_device=False)
+    session = protocol.SessionSettings(top_k=8)
     with server.running() as url:
         links = []
         for _ in range(2):
             link = CompanionLink(WebSocketChannel(url))
             link.hello(auth_token=issued.secret)
-            link.open([1, 2, 3], **session)
+            link.open([1, 2, 3], session)
             links.append(link)
         third = CompanionLink(WebSocketChannel(url))
         third.hello(auth_token=issued.secret)
         with pytest.raises(CompanionError) as info:
-            third.open([1, 2, 3], **session)
+            third.open([1, 2, 3], session)
         assert info.value.code == ErrorCode.SESSION_LIMIT
         links[0].close()
         time.sleep(0.2)  # the server notices the close
@@ -129,7 +128,7 @@ def test_session_quota_per_identity(tiny_model, tiny_generalist, store, tokens):
         for _ in range(3):
             link = CompanionLink(WebSocketChannel(url))
             link.hello(client_name="specsteer-python")
-            link.open([1, 2, 3], **session)
+            link.open([1, 2, 3], session)
             held.append(link)
         for link in held:
             link.close()

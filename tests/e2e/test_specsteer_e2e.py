@@ -45,6 +45,11 @@ def _local(verifier: Verifier):
     return lambda: LocalChannel.for_verifier(verifier)
 
 
+def _last_settings(frames: list[bytes]) -> protocol.SessionSettings:
+    """The settings of the last OpenSession among captured uplink frames."""
+    return _last_open(frames).settings
+
+
 def _last_open(frames: list[bytes]) -> protocol.OpenSession:
     """The last OpenSession among captured uplink frames."""
     return [m for m in (protocol.decode(f, protocol.Limits()) for f in frames)
@@ -291,17 +296,17 @@ def test_presets(tiny_model, verifier, store):
     client = Client(tiny_model, history=store, companion=_local(verifier),
                     tap=lambda d, f: d == "up" and frames.append(f))
     fast = client.generate(SUBJECT, preset="fast", max_new_tokens=24)
-    assert _last_open(frames).gamma == pytest.approx(0.1) and _last_open(frames).top_k == 32
+    assert _last_settings(frames).gamma == pytest.approx(0.1) and _last_settings(frames).top_k == 32
     # this companion hosts the generic Specialist, so P_S0 stays there (the paper's placement)
-    assert not _last_open(frames).s0_on_device
+    assert not _last_settings(frames).s0_on_device
     assert fast.tokens == client.generate(SUBJECT, gamma=0.1, top_k=32, max_new_tokens=24).tokens
     # placing P_S0 on the device changes where it is computed, never the tokens
     on_device = client.generate(SUBJECT, preset="fast", s0_on_device=True, max_new_tokens=24)
-    assert _last_open(frames).s0_on_device and on_device.tokens == fast.tokens
+    assert _last_settings(frames).s0_on_device and on_device.tokens == fast.tokens
     strict = client.generate(SUBJECT, preset="strict", max_new_tokens=24)
     assert strict.tokens == client.generate(SUBJECT, gamma=1.0, max_new_tokens=24).tokens
     client.generate(SUBJECT, preset="fast", gamma=0.3, max_new_tokens=4)  # explicit wins
-    assert _last_open(frames).gamma == pytest.approx(0.3) and _last_open(frames).top_k == 32
+    assert _last_settings(frames).gamma == pytest.approx(0.3) and _last_settings(frames).top_k == 32
     with pytest.raises(ValueError, match="unknown preset"):
         client.generate(SUBJECT, preset="turbo")
 
@@ -322,6 +327,6 @@ def test_a_companion_without_generic_specialist_serves_device_placed_p_s0(
                         tap=lambda d, f: d == "up" and frames.append(f))
         got = client.generate(SUBJECT, gamma=0.1, max_new_tokens=24, offline="fail")
         assert got.tokens == expected.tokens and not got.stats.degraded
-        assert _last_open(frames).s0_on_device
+        assert _last_settings(frames).s0_on_device
         with pytest.raises(CompanionError, match="send logp_S0 from the device"):
             client.generate(SUBJECT, max_new_tokens=8, s0_on_device=False, offline="fail")

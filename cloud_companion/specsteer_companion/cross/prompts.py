@@ -9,8 +9,8 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
-from specsteer.alignment import TokenTable
 from specsteer.tokenizer import Message, Tokenizer
+from specsteer_companion.cross.alignment import TokenTable
 
 _CHATML_TURN = re.compile(r"<\|im_start\|>(\w+)\n(.*?)<\|im_end\|>\n?", re.DOTALL)
 _CHATML_OPEN = "<|im_start|>assistant\n"

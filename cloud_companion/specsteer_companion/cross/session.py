@@ -27,7 +27,10 @@ from typing import Protocol
 import numpy as np
 
 from specsteer import steer
-from specsteer.alignment import (
+from specsteer.protocol import Mode, OpenSession
+from specsteer.runtime.base import LanguageModel
+from specsteer.runtime.track import Track
+from specsteer_companion.cross.alignment import (
     PairTables,
     common_boundaries,
     encode_bytes,
@@ -37,9 +40,6 @@ from specsteer.alignment import (
     utf8_complete,
     walk,
 )
-from specsteer.protocol import Mode, OpenSession, Select
-from specsteer.runtime.base import LanguageModel
-from specsteer.runtime.track import Track
 from specsteer_companion.cross.prompts import generalist_prompt
 
 TAILS = ("marginal", "backoff")
@@ -207,11 +207,12 @@ class CrossVerifierSession:
             raise ValueError("cross-tokenizer verification needs the Specialist's tokenizer: "
                              "host the generic Specialist on the companion")
         self.request = request
-        self.mode = Mode(request.mode)
+        self.settings = settings = request.settings
+        self.mode = Mode(settings.mode)
         self.tail, self.recovery, self.heal, self.merge_cap = tail, recovery, heal, merge_cap
         self.in_context, self.lookahead = in_context, lookahead
-        self.temperature = request.temperature if request.temperature > 0 else 1.0
-        self.rng = np.random.default_rng(request.seed) if request.temperature > 0 else None
+        self.temperature = settings.temperature if settings.temperature > 0 else 1.0
+        self.rng = np.random.default_rng(settings.seed) if settings.temperature > 0 else None
         s_model, g_model = verifier.specialist, verifier.generalist
         self.pair: PairTables = pair_tables(s_model.tokenizer, g_model.tokenizer,
                                             s_model.vocab_size, g_model.vocab_size)
@@ -219,9 +220,8 @@ class CrossVerifierSession:
         prompt = list(request.prompt_ids)
         g_prompt = generalist_prompt(self.pair.s, g_model.tokenizer, prompt)
         self.g = _GTrack(g_model, g_prompt, verifier.max_session_tokens, self._logp, self.stats)
-        needs_s0 = self.mode is Mode.SPECSTEER and not request.s0_on_device
-        needs_s0 |= self.mode is Mode.ROWS and request.alpha != 0.0
-        self.s0 = Track(s_model, prompt, verifier.max_session_tokens) if needs_s0 else None
+        self.s0 = Track(s_model, prompt, verifier.max_session_tokens) \
+            if settings.companion_s0 else None
         self.length = len(prompt)  # Specialist tokens held by the S0 cache
         self.text = bytearray()  # generated text, as committed by the device
         self.s_ends: list[int] = []  # byte end of every generated Specialist token
@@ -263,10 +263,10 @@ class CrossVerifierSession:
         if self.mode is Mode.SPECULATIVE:
             candidates = steer.SparseSteer([int(np.argmax(logp_hat))], [0.0])
         else:
-            select = "difference" if self.request.select == Select.TOP_DIFFERENCE else "generalist"
             candidates = steer.possible_only(steer.sparse_steer(
-                logp_hat, None if logp_s0 is None else logp_s0[at], self.request.alpha,
-                self.request.top_k, select, self.request.top_p))
+                logp_hat, None if logp_s0 is None else logp_s0[at], self.settings.alpha,
+                self.settings.top_k, self.settings.select,
+                self.settings.top_p))
         result = steer.RoundVerdict(accepted, candidates)
         self._append(words[:accepted])
         self.length += at
@@ -283,7 +283,7 @@ class CrossVerifierSession:
         self.g.sync(view.ids)
         logp_hat = self._mapped(view, len(self.text))
         candidates = steer.possible_only(steer.sparse_steer(
-            logp_hat, None, 0.0, self.request.top_k, top_p=self.request.top_p))
+            logp_hat, None, 0.0, self.settings.top_k, top_p=self.settings.top_p))
         top = candidates.ids
         s0_values = np.zeros(len(top), np.float16)
         if self.s0 is not None:
@@ -419,7 +419,7 @@ class CrossVerifierSession:
     def _passes(self, log_ratio: float) -> bool:
         """The method's ratio test on one span; the two sides sum their logs in different
         orders, so the greedy test allows rounding."""
-        return steer.ratio_accepts(log_ratio, self.request.gamma, self.rng, slack=_ROUNDING)
+        return steer.ratio_accepts(log_ratio, self.settings.gamma, self.rng, slack=_ROUNDING)
 
     def _log_prefix(self, view: _View, a: int, b: int) -> float:
         """log P_G(the text from boundary a starts with full[a:b]), along the cached path."""

@@ -54,7 +54,7 @@ def collaborate(
     """
     mode = MODES.get(params.method, Mode.ROWS)
     s0_here = mode is Mode.SPECSTEER and s0_placed_on_device(params, link.hello_ok)
-    link.open(public_ids, **params.session_settings(mode, s0_here))
+    link.open(public_ids, params.session_settings(mode, s0_here))
     if mode is Mode.ROWS:
         yield from row_tokens(local, params, link, stats, rng, specialist.tokenizer.eos_ids)
         return

@@ -43,8 +43,8 @@ from specsteer.protocol.messages import (
     OpenSession,
     RowReply,
     RowRequest,
-    Select,
     SessionOpened,
+    SessionSettings,
     Verdict,
 )
 
@@ -75,7 +75,7 @@ __all__ = [
     "RowReply",
     "RowRequest",
     "RowRequested",
-    "Select",
+    "SessionSettings",
     "SessionOpened",
     "SessionReady",
     "SessionRequested",

@@ -34,8 +34,10 @@ from specsteer.protocol.messages import (
     RowReply,
     RowRequest,
     SessionOpened,
+    SessionSettings,
     Verdict,
 )
+from specsteer.steer import SELECTS
 
 # --------------------------------------------------------------------------------------------
 # Encoding
@@ -92,17 +94,18 @@ def _encode_hello_ok(out: bytearray, m: HelloOk) -> None:
 
 
 def _encode_open_session(out: bytearray, m: OpenSession) -> None:
+    s = m.settings
     out += struct.pack(
         "<BBBfffHQf",
-        m.mode,
-        m.select,
-        m.s0_on_device,
-        m.gamma,
-        m.alpha,
-        m.temperature,
-        m.top_k,
-        m.seed,
-        m.top_p,
+        s.mode,
+        SELECTS.index(s.select),
+        s.s0_on_device,
+        s.gamma,
+        s.alpha,
+        s.temperature,
+        s.top_k,
+        s.seed,
+        s.top_p,
     )
     _put_ids(out, m.prompt_ids)
 
@@ -298,9 +301,12 @@ def _decode_open_session(r: _Reader) -> OpenSession:
             ErrorCode.LIMIT_EXCEEDED, f"top_k={top_k} exceeds the limit of {r._limits.max_top_k}"
         )
     prompt = r.ids(r.count("prompt ids", r._limits.max_prompt_tokens), "prompt ids")
-    return OpenSession(
-        prompt, mode, gamma, alpha, top_k, temperature, seed, select, s0_on_device, top_p
+    if select >= len(SELECTS):
+        raise ProtocolError(ErrorCode.BAD_VALUE, f"unknown select code {select}")
+    settings = SessionSettings(
+        mode, gamma, alpha, top_k, temperature, seed, SELECTS[select], s0_on_device, top_p
     )
+    return OpenSession(prompt, settings)
 
 
 def _decode_session_opened(r: _Reader) -> SessionOpened:

@@ -43,8 +43,8 @@ from specsteer.protocol.messages import (
     OpenSession,
     RowReply,
     RowRequest,
-    Select,
     SessionOpened,
+    SessionSettings,
     Verdict,
     _ids,
 )
@@ -64,13 +64,14 @@ class State(enum.Enum):
 
 def _check_candidate_count(n: int, what: str, session: OpenSession) -> None:
     """A reply must give the device something to choose from, and no more than it asked."""
-    if session.mode is Mode.SPECULATIVE:
+    settings = session.settings
+    if settings.mode is Mode.SPECULATIVE:
         if n != 1:
             raise ProtocolError(ErrorCode.BAD_VALUE, f"a speculative {what} carries 1 id, got {n}")
-    elif not 1 <= n <= session.top_k:
+    elif not 1 <= n <= settings.top_k:
         raise ProtocolError(
             ErrorCode.BAD_VALUE,
-            f"{what} carries {n} candidates, the session asked for 1..{session.top_k}",
+            f"{what} carries {n} candidates, the session asked for 1..{settings.top_k}",
         )
 
 
@@ -187,27 +188,19 @@ class DeviceConnection(_Connection):
     def open_session(
         self,
         prompt_ids: Sequence[int],
-        *,
-        mode: Mode = Mode.SPECSTEER,
-        gamma: float = 0.5,
-        alpha: float = 1.0,
-        top_k: int = 64,
-        temperature: float = 0.0,
-        seed: int = 0,
-        select: Select = Select.TOP_LOGP_G,
-        s0_on_device: bool = False,
-        top_p: float = 1.0,
+        settings: SessionSettings | None = None,
     ) -> OpenSession:
-        """Queue an OpenSession; an open session (with nothing outstanding) is replaced."""
+        """Queue an OpenSession (the method's defaults without `settings`); an open session
+        (with nothing outstanding) is replaced."""
+        settings = settings if settings is not None else SessionSettings()
         self._require(State.READY, State.SESSION, action="open a session")
         prompt = self._check_ids("prompt ids", prompt_ids, self.peer_limits.max_prompt_tokens)
-        request = OpenSession(
-            prompt, mode, gamma, alpha, top_k, temperature, seed, select, s0_on_device, top_p
-        )
-        if request.top_k > self.peer_limits.max_top_k:
+        request = OpenSession(prompt, settings)
+        if settings.top_k > self.peer_limits.max_top_k:
             raise ProtocolError(
                 ErrorCode.LIMIT_EXCEEDED,
-                f"top_k={top_k} exceeds the companion's limit of {self.peer_limits.max_top_k}",
+                f"top_k={settings.top_k} exceeds the companion's limit of "
+                f"{self.peer_limits.max_top_k}",
             )
         self._send_checked(request, self.peer_limits)
         self.session = request
@@ -228,11 +221,11 @@ class DeviceConnection(_Connection):
         """
         self._require(State.SESSION, action="send a Draft")
         assert self.session is not None
-        if self.session.mode is Mode.ROWS:
+        if self.session.settings.mode is Mode.ROWS:
             raise ProtocolError(
                 ErrorCode.OUT_OF_ORDER, "a ROWS session takes request_row, not drafts"
             )
-        if (logp_s0 is not None) != self.session.s0_on_device:
+        if (logp_s0 is not None) != self.session.settings.s0_on_device:
             raise ProtocolError(
                 ErrorCode.BAD_VALUE,
                 "logp_s0 must be sent exactly when the session was opened with s0_on_device",
@@ -253,7 +246,7 @@ class DeviceConnection(_Connection):
         """Queue a RowRequest (ROWS sessions): commit these ids, ask for the next row."""
         self._require(State.SESSION, action="request a row")
         assert self.session is not None
-        if self.session.mode is not Mode.ROWS:
+        if self.session.settings.mode is not Mode.ROWS:
             raise ProtocolError(ErrorCode.OUT_OF_ORDER, "only a ROWS session takes request_row")
         peer = self.peer_limits
         ids = self._check_ids("committed ids", committed_ids, peer.max_prompt_tokens)
@@ -396,9 +389,10 @@ class CompanionConnection(_Connection):
             return [self._on_draft(message)]
         if isinstance(message, RowRequest) and self.state is State.SESSION:
             assert self.session is not None
-            if self.session.mode is not Mode.ROWS:
+            if self.session.settings.mode is not Mode.ROWS:
                 raise ProtocolError(
-                    ErrorCode.OUT_OF_ORDER, f"RowRequest in a {self.session.mode.name} session"
+                    ErrorCode.OUT_OF_ORDER,
+                    f"RowRequest in a {self.session.settings.mode.name} session",
                 )
             self._row_pending = True
             self.state = State.WAITING
@@ -408,13 +402,13 @@ class CompanionConnection(_Connection):
     def _on_draft(self, message: Draft) -> DraftReceived:
         session = self.session
         assert session is not None
-        if session.mode is Mode.ROWS:
+        if session.settings.mode is Mode.ROWS:
             raise ProtocolError(ErrorCode.OUT_OF_ORDER, "Draft in a ROWS session")
         if message.round != self.round:
             raise ProtocolError(
                 ErrorCode.OUT_OF_ORDER, f"Draft for round {message.round}, expected {self.round}"
             )
-        if (message.logp_s0 is not None) != session.s0_on_device:
+        if (message.logp_s0 is not None) != session.settings.s0_on_device:
             raise ProtocolError(
                 ErrorCode.BAD_VALUE,
                 "Draft must carry logp_s0 exactly when the session has s0_on_device",

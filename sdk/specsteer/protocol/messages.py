@@ -22,6 +22,7 @@ from typing import TypeAlias
 import numpy as np
 
 from specsteer.errors import ProtocolError
+from specsteer.steer import SELECTS
 
 PROTOCOL_VERSION = 1
 """Byte 0 of every frame. A peer speaking another version gets `ErrorCode.BAD_VERSION`."""
@@ -75,13 +76,6 @@ class Mode(enum.IntEnum):
     SPECSTEER = 0  # Draft-Verify-Recover: ratio test, sparse fused candidates
     SPECULATIVE = 1  # classic speculative decoding: one correction/bonus id per verdict
     ROWS = 2  # one top-k row of logp_G and logp_S0 per token (LLM alone, CoSteer baselines)
-
-
-class Select(enum.IntEnum):
-    """How the companion picks the k candidate ids of a recovery/bonus position."""
-
-    TOP_LOGP_G = 0  # top-k of logp_G: the measured default (see docs/METHOD.md, Recover)
-    TOP_DIFFERENCE = 1  # top-k of logp_G - alpha*logp_S0: kept to report the difference
 
 
 @dataclass(frozen=True)
@@ -250,35 +244,39 @@ class HelloOk:
 
 
 @dataclass(frozen=True)
-class OpenSession:
-    """Device -> companion: start one generation over a public, context-free prompt.
+class SessionSettings:
+    """What the companion must know of a generation's settings; the defaults of the method.
 
-    Floats are stored rounded to f32, the precision that crosses the wire.
+    This is the only place these defaults are written: `specsteer.settings.Params` takes its
+    own from here, and every layer in between passes the object whole. Floats are stored
+    rounded to f32, the precision that crosses the wire; `select` travels as a one-byte code
+    (its index in `SELECTS`).
     """
 
-    prompt_ids: tuple[int, ...]
     mode: Mode = Mode.SPECSTEER
     gamma: float = 0.5  # the method's default verification threshold
     alpha: float = 1.0  # steering strength; 1.0 is the derivation's value
     top_k: int = 64  # candidates per recovery position, the method's default
     temperature: float = 0.0  # 0 = greedy, as in the paper's experiments
     seed: int = 0
-    select: Select = Select.TOP_LOGP_G  # measured better than top-k of the difference
+    select: str = "generalist"  # top-k of logp_G: measured better than top-k of the difference
     s0_on_device: bool = False  # the paper's placement: the companion hosts P_S0
     # nucleus cut inside the top-k: fewer candidates where P_G is confident (1.0 = exact top-k)
     top_p: float = 1.0
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
-        set_(self, "prompt_ids", _ids("prompt_ids", self.prompt_ids))
         set_(self, "top_p", _f32("top_p", self.top_p, minimum=0.0))
         if not 0.0 < self.top_p <= 1.0:
             raise ProtocolError(ErrorCode.BAD_VALUE, f"top_p must be in (0, 1], got {self.top_p}")
         try:
             set_(self, "mode", Mode(self.mode))
-            set_(self, "select", Select(self.select))
         except ValueError as exc:
-            raise ProtocolError(ErrorCode.BAD_VALUE, f"unknown mode or select: {exc}") from exc
+            raise ProtocolError(ErrorCode.BAD_VALUE, f"unknown mode: {exc}") from exc
+        if self.select not in SELECTS:
+            raise ProtocolError(
+                ErrorCode.BAD_VALUE, f"select must be one of {SELECTS}, got {self.select!r}"
+            )
         set_(self, "gamma", _f32("gamma", self.gamma, minimum=0.0))
         set_(self, "alpha", _f32("alpha", self.alpha))
         set_(self, "temperature", _f32("temperature", self.temperature, minimum=0.0))
@@ -287,6 +285,27 @@ class OpenSession:
         if not isinstance(self.s0_on_device, (bool, np.bool_)):
             raise ProtocolError(ErrorCode.BAD_VALUE, "s0_on_device must be a bool")
         set_(self, "s0_on_device", bool(self.s0_on_device))
+
+    @property
+    def companion_s0(self) -> bool:
+        """Whether the companion must run P_S0: SpecSteer with P_S0 not on the device, or the
+        per-token baselines, which steer by logp_Sc - logp_S0 (alpha != 0)."""
+        if self.mode is Mode.SPECSTEER:
+            return not self.s0_on_device
+        return self.mode is Mode.ROWS and self.alpha != 0.0
+
+
+@dataclass(frozen=True)
+class OpenSession:
+    """Device -> companion: start one generation over a public, context-free prompt."""
+
+    prompt_ids: tuple[int, ...]
+    settings: SessionSettings = SessionSettings()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "prompt_ids", _ids("prompt_ids", self.prompt_ids))
+        if not isinstance(self.settings, SessionSettings):
+            raise ProtocolError(ErrorCode.BAD_VALUE, "settings must be SessionSettings")
 
 
 @dataclass(frozen=True)
