@@ -28,11 +28,11 @@ from rich.table import Table
 
 from specsteer import steer
 from specsteer.client import Client
-from specsteer.eval.data import shared_file
 from specsteer.history import HistoryStore, load_shared_user
 from specsteer.runtime import load_model
 from specsteer_companion.local import LocalChannel
 from specsteer_companion.verifier import Verifier
+from specsteer_lab.eval.data import shared_file
 
 SMALLER_KS = (8, 16, 24, 32, 48)
 FUSED = ("recovered", "bonus")

@@ -33,10 +33,10 @@ from pathlib import Path
 import numpy as np
 
 from specsteer.client import Client
-from specsteer.eval.data import shared_file
-from specsteer.eval.metrics import rouge
 from specsteer.history import HistoryStore, load_shared_user
 from specsteer.runtime import load_model
+from specsteer_lab.eval.data import shared_file
+from specsteer_lab.eval.metrics import rouge
 
 DEVICE_CORE, COMPANION_CORE = 0, 1
 GENERALIST = "qwen2.5-1.5b"

@@ -23,12 +23,12 @@ from rich.console import Console
 from rich.table import Table
 
 from specsteer.client import Client
-from specsteer.eval.data import shared_file
 from specsteer.history import HistoryStore, load_shared_user
 from specsteer.runtime import load_model
 from specsteer.runtime.base import LanguageModel
 from specsteer_companion.local import LocalChannel
 from specsteer_companion.verifier import Verifier
+from specsteer_lab.eval.data import shared_file
 
 
 class TimedModel:

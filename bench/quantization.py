@@ -18,8 +18,8 @@ import time
 
 import numpy as np
 
-from specsteer.eval.data import shared_file
 from specsteer.runtime import load_model
+from specsteer_lab.eval.data import shared_file
 
 
 def log_softmax(x: np.ndarray) -> np.ndarray:

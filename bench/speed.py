@@ -38,10 +38,10 @@ from rich.table import Table
 
 from specsteer.client import Client
 from specsteer.device import PRESETS
-from specsteer.eval.data import shared_file
 from specsteer.history import HistoryStore, load_shared_user
 from specsteer.runtime import load_model
 from specsteer_companion.process import start_companion
+from specsteer_lab.eval.data import shared_file
 
 DEVICE_CORE, COMPANION_CORE = 0, 1
 

@@ -1,4 +1,4 @@
-"""Thin network adapters for the device: a websocket frame channel, and emulated latency.
+"""Thin network adapter for the device: a websocket frame channel.
 
 All protocol logic lives in `protocol`/`link`; this module only moves frames and turns every
 network failure (refused, timed out, dropped) into `CompanionUnavailable`.
@@ -8,13 +8,11 @@ from __future__ import annotations
 
 import contextlib
 import ssl
-import time
 
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
 from websockets.sync.client import ClientConnection, connect
 
 from specsteer.errors import CompanionUnavailable, ProtocolError
-from specsteer.link import FrameChannel
 from specsteer.protocol import ErrorCode
 
 # A verdict is a few hundred bytes; allow the largest row reply and a long prompt with margin.
@@ -76,24 +74,3 @@ class WebSocketChannel:
     def close(self) -> None:
         with contextlib.suppress(Exception):  # closing a broken socket must not raise
             self._connect.__exit__(None, None, None)
-
-
-class LatencyChannel:
-    """Adds an emulated network round-trip time to every request of another channel."""
-
-    def __init__(self, inner: FrameChannel, rtt_ms: float) -> None:
-        self.inner = inner
-        self.rtt_s = rtt_ms / 1000.0
-
-    def send(self, frame: bytes) -> None:
-        self.inner.send(frame)
-
-    def recv(self, timeout: float) -> bytes:
-        time.sleep(self.rtt_s)
-        return self.inner.recv(timeout)
-
-    def poll(self) -> bytes | None:
-        return None  # an emulated round trip is only paid by a blocking wait
-
-    def close(self) -> None:
-        self.inner.close()

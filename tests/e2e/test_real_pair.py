@@ -7,12 +7,12 @@ import os
 import pytest
 
 from specsteer.client import Client
-from specsteer.eval.data import EvalError, shared_file
 from specsteer.history import HistoryStore, load_shared_user
 from specsteer.runtime import load_model
 from specsteer_companion.local import LocalChannel
 from specsteer_companion.server import CompanionServer
 from specsteer_companion.verifier import Verifier
+from specsteer_lab.eval.data import EvalError, shared_file
 
 pytestmark = pytest.mark.real_model
 CANARY = "XKQ-CANARY-0917-bittern"

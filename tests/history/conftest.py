@@ -24,12 +24,12 @@ def store(tmp_path: Path) -> Iterator[HistoryStore]:
 
 @pytest.fixture(scope="session")
 def data_dir() -> Path:
-    """The shared per-user data sets (../shared/data or $SPECSTEER_SHARED_DATA)."""
-    candidates = [os.environ.get("SPECSTEER_SHARED_DATA"), REPO.parent / "shared" / "data"]
+    """The shared per-user data sets (../shared/data or $SPECSTEER_DATA_DIR)."""
+    candidates = [os.environ.get("SPECSTEER_DATA_DIR"), REPO.parent / "shared" / "data"]
     for candidate in candidates:
         if candidate and (Path(candidate) / "acl_abstracts_top100_authors.json").is_file():
             return Path(candidate)
-    pytest.skip("shared data sets not found; set SPECSTEER_SHARED_DATA")
+    pytest.skip("shared data sets not found; set SPECSTEER_DATA_DIR")
 
 
 @pytest.fixture(scope="session")

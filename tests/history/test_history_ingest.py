@@ -230,3 +230,12 @@ def test_shared_file_through_plain_json_import_is_refused(
 ) -> None:
     with pytest.raises(IngestError, match="--user"):
         ingest_path(store, data_dir / DATASETS["newsgroups"])
+
+
+def test_shared_items_as_jsonl_are_refused_too(store: HistoryStore, tmp_path: Path) -> None:
+    item = {"id": "u1", "input": "Paraphrase: hi", "output": "hello", "profile": []}
+    path = tmp_path / "lamp.jsonl"
+    path.write_text(json.dumps(item) + "\n")
+    with pytest.raises(IngestError, match="shared per-user data set"):
+        ingest_json(store, path, kind="tweet")
+    assert store.stats()["records"] == 0

@@ -1,4 +1,8 @@
-"""`specsteer` command line: a thin layer over the library, one module per command group."""
+"""`specsteer` command line: a thin layer over the library, one module per command group.
+
+Device commands only (models, history, generate); evaluation and the demo, which need the
+companion too, are `specsteer-lab` (`specsteer_lab.cli`).
+"""
 
 from __future__ import annotations
 
@@ -14,15 +18,10 @@ app = typer.Typer(
 )
 
 # (module, group name); a module defines `app` (a group) or `register(app)` (top-level commands).
-_GROUPS = [("models", "models"), ("history", "history"), ("generate", None), ("eval", None)]
+_GROUPS = [("models", "models"), ("history", "history"), ("generate", None)]
 
 for _module_name, _group in _GROUPS:
-    try:
-        _module = importlib.import_module(f"specsteer.cli.{_module_name}")
-    except ModuleNotFoundError as exc:  # a group not written yet must not break the others
-        if exc.name != f"specsteer.cli.{_module_name}":
-            raise
-        continue
+    _module = importlib.import_module(f"specsteer.cli.{_module_name}")
     if _group is not None:
         app.add_typer(_module.app, name=_group)
     else:

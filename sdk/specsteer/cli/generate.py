@@ -1,4 +1,8 @@
-"""`specsteer generate` and `specsteer demo`: thin commands over `Client` and `demo`."""
+"""`specsteer generate`: a thin command over `Client`, streaming tokens coloured by provenance.
+
+The stream and stats rendering (`legend`, `print_stream`, `stats_table`) is public so other
+command lines over `Client` (the lab's `specsteer-lab demo`) show generations the same way.
+"""
 
 from __future__ import annotations
 
@@ -23,13 +27,15 @@ COLOURS = {
 console = Console(highlight=False)
 
 
-def _legend() -> str:
+def legend() -> str:
+    """One line of Rich markup naming each provenance in its colour."""
     return "  ".join(f"[{c}]{name}[/{c}]" for name, c in COLOURS.items())
 
 
-def _stream(
+def print_stream(
     client: Client, query: dict[str, Any] | str, task: str, options: dict[str, Any]
 ) -> Result:
+    """Stream one generation to the console, each piece in its provenance's colour."""
     out: list[Result] = []
     for piece in client.stream(query, task=task, result=out, **options):
         console.print(
@@ -43,7 +49,8 @@ def _stream(
     return out[0]
 
 
-def _stats_table(result: Result) -> Table:
+def stats_table(result: Result) -> Table:
+    """The generation's stats as a two-column table."""
     s = result.stats
     table = Table(title="generation stats", show_header=False)
     rows = [
@@ -68,7 +75,7 @@ def _stats_table(result: Result) -> Table:
 
 
 def register(app: typer.Typer) -> None:
-    """Add the generate and demo commands to the main CLI."""
+    """Add the generate command to the main CLI."""
 
     @app.command()
     def generate(
@@ -127,66 +134,8 @@ def register(app: typer.Typer) -> None:
                     )
                 )
             else:
-                console.print(_legend())
-                console.print(_stats_table(_stream(client, query, task, options)))
-        except SpecSteerError as exc:
-            console.print(f"[red]error:[/red] {exc}")
-            raise typer.Exit(1) from None
-
-    @app.command()
-    def demo(
-        user: Annotated[int, typer.Option(help="Sender index in the newsgroups data")] = 0,
-        data: Annotated[
-            Path | None,
-            typer.Option(help="newsgroups_top100_senders.json (default: the shared data set)"),
-        ] = None,
-        specialist: Annotated[str, typer.Option()] = "qwen2.5-0.5b",
-        generalist: Annotated[str, typer.Option()] = "qwen2.5-1.5b",
-        precision: Annotated[str, typer.Option()] = "int8",
-        preset: Annotated[
-            str, typer.Option(help="default (gamma 0.5) | fast (0.1, top_k 32) | strict (1.0)")
-        ] = "default",
-        max_new_tokens: Annotated[int, typer.Option()] = 96,
-        max_prompt_tokens: Annotated[
-            int, typer.Option(help="Private prompt budget: its prefill is the slow part on a CPU")
-        ] = 640,
-    ) -> None:
-        """The main job: a real email in a sender's voice via SDK + companion on real models."""
-        from specsteer import demo as demo_lib
-        from specsteer.eval.data import shared_file
-        from specsteer.runtime import load_model
-        from specsteer_companion.process import start_companion
-
-        say = lambda msg: console.print(f"[dim]{msg}[/dim]")  # noqa: E731
-        try:
-            demo_lib.prepare_models([specialist, generalist], precision, say)
-            store, shared = demo_lib.user_store(data or shared_file("email"), user)
-            say(f"history: {sum(store.stats()['kinds'].values())} earlier posts of {shared.user}")
-            say("starting the companion (loads the Generalist and the generic Specialist)...")
-            proc, url = start_companion(generalist, specialist, precision)
-            try:
-                # the device runs the very artifact the companion serves as P_S0
-                client = Client(
-                    load_model(specialist, precision=precision), history=store, companion=url,
-                    max_prompt_tokens=max_prompt_tokens,
-                )
-                console.print(
-                    f"[bold]Subject:[/bold] {shared.query.get('subject')}  "
-                    f"[dim](newsgroup {shared.query.get('newsgroup', '?')})[/dim]"
-                )
-                console.print(_legend())
-                result = _stream(
-                    client,
-                    shared.query,
-                    shared.task,
-                    {"preset": preset, "max_new_tokens": max_new_tokens},
-                )
-                console.print(_stats_table(result))
-                console.print("[bold]What the user really wrote (first 400 chars):[/bold]")
-                console.print(shared.gold[:400], markup=False)
-            finally:
-                proc.terminate()
-                proc.wait(10)
+                console.print(legend())
+                console.print(stats_table(print_stream(client, query, task, options)))
         except SpecSteerError as exc:
             console.print(f"[red]error:[/red] {exc}")
             raise typer.Exit(1) from None

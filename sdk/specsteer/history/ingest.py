@@ -77,8 +77,12 @@ def record_from_mapping(
     )
 
 
-def _json_items(path: Path) -> Iterator[tuple[int, Any]]:
-    """(line or position, item) of a JSON list, a single JSON object, or a JSONL file."""
+def json_items(path: Path) -> Iterator[tuple[int, Any]]:
+    """(line or position, item) of a JSON list, a single JSON object, or a JSONL file.
+
+    IngestError when the file cannot be read, a JSONL line is not JSON, or the document is
+    neither a list nor an object. Shared with the lab's LaMP-format loader.
+    """
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
@@ -89,11 +93,6 @@ def _json_items(path: Path) -> Iterator[tuple[int, Any]]:
         except ValueError:
             data = None  # not one JSON document: read it as JSONL below
         if isinstance(data, list):
-            if detect_dataset(data) is not None:
-                raise IngestError(
-                    f"{path} is a shared per-user data set; import one user with "
-                    "ingest_shared(store, path, index) or `specsteer history import PATH --user N`"
-                )
             yield from enumerate(data, start=1)
             return
         if isinstance(data, Mapping):
@@ -112,10 +111,18 @@ def _json_items(path: Path) -> Iterator[tuple[int, Any]]:
 def ingest_json(
     store: HistoryStore, path: str | os.PathLike[str], *, kind: str | None = None
 ) -> IngestReport:
-    """Import a JSON list or JSONL file of records (`kind` is the default for items without)."""
+    """Import a JSON list or JSONL file of records (`kind` is the default for items without).
+
+    A shared per-user data set is refused: its users are not records (see `ingest_shared`).
+    """
     target = Path(path)
     records = []
-    for number, item in _json_items(target):
+    for position, (number, item) in enumerate(json_items(target)):
+        if position == 0 and detect_dataset([item]) is not None:
+            raise IngestError(
+                f"{target} is a shared per-user data set; import one user with "
+                "ingest_shared(store, path, index) or `specsteer history import PATH --user N`"
+            )
         if not isinstance(item, Mapping):
             raise IngestError(f"{target}:{number}: expected a JSON object, got {item!r:.60}")
         try:

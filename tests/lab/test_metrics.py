@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from specsteer.eval.metrics import rouge
+from specsteer_lab.eval.metrics import rouge
 
 
 def test_identical_texts_score_one():

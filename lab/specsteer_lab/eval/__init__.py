@@ -8,8 +8,8 @@ how a method decodes: it measures `specsteer.device.decode` as an app would call
 
 from __future__ import annotations
 
-from specsteer.eval.data import EvalError, Example, load_examples, load_lamp
-from specsteer.eval.harness import (
+from specsteer_lab.eval.data import EvalError, Example, load_examples, load_lamp
+from specsteer_lab.eval.harness import (
     DEFAULT_METHODS,
     EvalConfig,
     Harness,
@@ -19,8 +19,8 @@ from specsteer.eval.harness import (
     read_results,
     run_eval,
 )
-from specsteer.eval.metrics import Rouge, rouge
-from specsteer.eval.report import plot_quality_vs_speed, render_report, summarize
+from specsteer_lab.eval.metrics import Rouge, rouge
+from specsteer_lab.eval.report import plot_quality_vs_speed, render_report, summarize
 
 __all__ = [
     "DEFAULT_METHODS",

@@ -22,8 +22,6 @@ from pathlib import Path
 from typing import Any
 
 from specsteer.device import LOCAL_METHODS, METHODS, DecodeStats, DevicePrompt, Params, decode
-from specsteer.eval.data import EvalError, Example
-from specsteer.eval.metrics import rouge
 from specsteer.history import prompts
 from specsteer.history.store import HistoryStore
 from specsteer.link import CompanionLink, FrameChannel
@@ -31,6 +29,8 @@ from specsteer.runtime.base import LanguageModel
 from specsteer.tokenizer import Message
 from specsteer_companion.local import LocalChannel
 from specsteer_companion.verifier import Verifier
+from specsteer_lab.eval.data import EvalError, Example
+from specsteer_lab.eval.metrics import rouge
 
 DEFAULT_METHODS = ("slm", "slm_rag", "llm", "speculative", "light_costeer", "costeer",
                    "specsteer@1.0", "specsteer@0.5", "specsteer@0.1")

@@ -11,12 +11,13 @@ from __future__ import annotations
 import json
 import os
 import re
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from specsteer.errors import IngestError, InvalidRecord, SpecSteerError
+from specsteer.history.ingest import json_items
 from specsteer.history.records import Record, make_record
 from specsteer.history.shared import DATASET_TASKS, detect_dataset, load_shared_user, read_shared
 
@@ -185,39 +186,21 @@ def _lamp_example(item: Mapping[str, Any], task: str, position: int) -> Example:
                    records=tuple(records))
 
 
-def _json_items(path: Path) -> Iterator[Any]:
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise EvalError(f"cannot read {path}: {exc}") from exc
-    if path.suffix.lower() not in (".jsonl", ".ndjson"):
-        try:
-            data = json.loads(text)
-        except ValueError:
-            data = None
-        if isinstance(data, list):
-            yield from data
-            return
-    for number, line in enumerate(text.splitlines(), start=1):
-        if line.strip():
-            try:
-                yield json.loads(line)
-            except ValueError as exc:
-                raise EvalError(f"{path}:{number}: not valid JSON: {exc}") from exc
-
-
 def load_lamp(path: str | os.PathLike[str], task: str, users: int | None = None) -> list[Example]:
     """The first `users` items of a LaMP/LongLaMP-format JSON list or JSONL file."""
     if task not in _LAMP_TASKS:
         raise EvalError(f"task {task!r} is not supported for LaMP-format files; "
                             f"choose one of {lamp_tasks()}")
     examples: list[Example] = []
-    for position, item in enumerate(_json_items(Path(path))):
-        if users is not None and len(examples) >= users:
-            break
-        if not isinstance(item, Mapping):
-            raise EvalError(f"{path}: item {position} is not a JSON object")
-        examples.append(_lamp_example(item, task, position))
+    try:
+        for position, (_, item) in enumerate(json_items(Path(path))):
+            if users is not None and len(examples) >= users:
+                break
+            if not isinstance(item, Mapping):
+                raise EvalError(f"{path}: item {position} is not a JSON object")
+            examples.append(_lamp_example(item, task, position))
+    except IngestError as exc:  # the file itself: unreadable, or not JSON / JSONL
+        raise EvalError(str(exc)) from exc
     return examples
 
 

@@ -1,6 +1,6 @@
-"""`specsteer eval`: run SpecSteer and the baselines on per-user data and write a report.
+"""`specsteer-lab eval`: run SpecSteer and the baselines on per-user data and write a report.
 
-A thin mapping onto `specsteer.eval`: load examples, load both models, run the harness with a
+A thin mapping onto `specsteer_lab.eval`: load examples, load both models, run the harness with a
 progress bar (ETA), then write DIR/results.jsonl, DIR/report.md and DIR/quality_vs_speed.png.
 Re-running with the same --out resumes: rows already in results.jsonl are skipped.
 Errors a user can act on become one red line and exit code 1.
@@ -27,7 +27,7 @@ from specsteer.errors import SpecSteerError
 
 
 def register(app: typer.Typer) -> None:
-    """Add the top-level `eval` command to the main CLI."""
+    """Add the top-level `eval` command to the lab CLI."""
     app.command("eval")(eval_command)
 
 
@@ -67,11 +67,11 @@ def eval_command(
                    ] = Path("eval-results"),
 ) -> None:
     """Evaluate SpecSteer and the baselines: ROUGE, acceptance, speed and bytes per token."""
-    from specsteer.eval import data as data_lib
-    from specsteer.eval import harness as harness_lib
-    from specsteer.eval import report as report_lib
-    from specsteer.eval.harness import DEFAULT_METHODS, RESULTS, EvalConfig
     from specsteer.runtime import load_model
+    from specsteer_lab.eval import data as data_lib
+    from specsteer_lab.eval import harness as harness_lib
+    from specsteer_lab.eval import report as report_lib
+    from specsteer_lab.eval.harness import DEFAULT_METHODS, RESULTS, EvalConfig
 
     err = Console(stderr=True, soft_wrap=True, highlight=False)
     if more_methods and not methods:

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from specsteer.eval import data as data_lib
-from specsteer.eval.data import EvalError, load_examples, load_lamp
-from specsteer.eval.harness import (
+from specsteer_lab.eval import data as data_lib
+from specsteer_lab.eval.data import EvalError, load_examples, load_lamp
+from specsteer_lab.eval.harness import (
     DEFAULT_METHODS,
     EvalConfig,
     Harness,
@@ -20,8 +20,8 @@ from specsteer.eval.harness import (
     read_results,
     run_eval,
 )
-from specsteer.eval.metrics import rouge
-from specsteer.eval.report import plot_quality_vs_speed, render_report, summarize
+from specsteer_lab.eval.metrics import rouge
+from specsteer_lab.eval.report import plot_quality_vs_speed, render_report, summarize
 
 DATA = Path(__file__).parent / "data"
 REVIEWS = DATA / "lamp_reviews.jsonl"
@@ -69,6 +69,19 @@ def test_lamp_loader_limits_users_and_rejects_unknown_task(tmp_path):
     broken.write_text('{"id": "1", "input": "x"}\n')
     with pytest.raises(EvalError, match="lacks"):
         load_lamp(broken, "tweet")
+
+
+def test_lamp_loader_reads_a_json_list_and_reports_bad_lines(tmp_path):
+    listed = tmp_path / "reviews.json"  # the same items as one JSON list
+    listed.write_text(json.dumps([json.loads(line) for line in REVIEWS.read_text().splitlines()
+                                  if line.strip()]))
+    assert load_lamp(listed, "review") == load_lamp(REVIEWS, "review")
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(REVIEWS.read_text().splitlines()[0] + "\n{not json\n")
+    with pytest.raises(EvalError, match=r"bad.jsonl:2: not valid JSON"):
+        load_lamp(bad, "review")
+    with pytest.raises(EvalError, match="cannot read"):
+        load_lamp(tmp_path / "missing.jsonl", "review")
 
 
 @pytest.mark.parametrize(("task", "item_input", "profile", "query", "record"), [

@@ -1,4 +1,4 @@
-"""`specsteer eval` end to end on tiny models: files written, resume, errors as one red line."""
+"""`specsteer-lab eval` end to end on tiny models: files written, resume, errors as one red line."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from specsteer.cli.eval import register
 from specsteer.models.tiny import tiny_model_dir
 
 DATA = Path(__file__).parent / "data"
@@ -17,13 +16,8 @@ DATA = Path(__file__).parent / "data"
 
 @pytest.fixture(scope="module")
 def app() -> typer.Typer:
-    app = typer.Typer()
+    from specsteer_lab.cli import app
 
-    @app.callback()
-    def main() -> None:
-        """A group, so `eval` is a subcommand as in the real CLI."""
-
-    register(app)
     return app
 
 
@@ -93,11 +87,27 @@ def test_bad_task_and_missing_data_are_errors(app, tmp_path):
     assert result.exit_code == 1 and "does not exist" in result.output
 
 
-def test_main_cli_has_the_eval_command():
-    from specsteer.cli import app as main_app
+def test_lab_cli_has_eval_and_demo_with_their_options():
+    from specsteer_lab.cli import app as lab_app
 
-    result = CliRunner().invoke(main_app, ["eval", "--help"])
+    runner = CliRunner()
+    result = runner.invoke(lab_app, ["eval", "--help"])
     assert result.exit_code == 0
     for option in ("--task", "--data", "--users", "--methods", "--specialist", "--generalist",
                    "--precision", "--max-new-tokens", "--retrieve-k", "--rtt-ms", "--out"):
         assert option in result.output
+    result = runner.invoke(lab_app, ["demo", "--help"])
+    assert result.exit_code == 0
+    for option in ("--user", "--data", "--specialist", "--generalist", "--precision", "--preset",
+                   "--max-new-tokens", "--max-prompt-tokens"):
+        assert option in result.output
+
+
+def test_device_cli_has_neither_eval_nor_demo():
+    from specsteer.cli import app as device_app
+
+    runner = CliRunner()
+    for command in ("eval", "demo"):
+        result = runner.invoke(device_app, [command, "--help"])
+        assert result.exit_code == 2 and "No such command" in result.output
+    assert runner.invoke(device_app, ["generate", "--help"]).exit_code == 0

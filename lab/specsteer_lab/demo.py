@@ -1,9 +1,10 @@
 """The main job: a real personalized email through the SDK and a companion on real models.
 
-The CLI starts `specsteer-companion serve` as a separate process (Qwen 1.5B Generalist + the same
-Qwen 0.5B artifact as generic Specialist), imports one newsgroups sender's earlier posts into a
-history store on the device side, and writes that sender's post for a new subject with
-SpecSteer, streaming each token coloured by provenance.
+`specsteer-lab demo` starts `specsteer-companion serve` as a separate process (Qwen 1.5B
+Generalist + the same Qwen 0.5B artifact as generic Specialist), imports one newsgroups sender's
+earlier posts into a history store on the device side, and writes that sender's post for a new
+subject with SpecSteer, streaming each token coloured by provenance. This module owns the models
+and the sender's store; the command (`specsteer_lab.cli.demo`) owns the companion process.
 """
 
 from __future__ import annotations

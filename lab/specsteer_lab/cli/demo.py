@@ -1,0 +1,81 @@
+"""`specsteer-lab demo`: the main job, a real email in a sender's voice via SDK + companion.
+
+A thin command over `specsteer_lab.demo` (models, the sender's history store) and
+`specsteer_companion.process` (the companion subprocess); the generation is streamed and
+tabulated exactly as `specsteer generate` does. Errors a user can act on become one red line
+and exit code 1.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from specsteer.cli.generate import console, legend, print_stream, stats_table
+from specsteer.errors import SpecSteerError
+
+
+def register(app: typer.Typer) -> None:
+    """Add the top-level `demo` command to the lab CLI."""
+    app.command("demo")(demo_command)
+
+
+def demo_command(
+    user: Annotated[int, typer.Option(help="Sender index in the newsgroups data")] = 0,
+    data: Annotated[
+        Path | None,
+        typer.Option(help="newsgroups_top100_senders.json (default: the shared data set)"),
+    ] = None,
+    specialist: Annotated[str, typer.Option()] = "qwen2.5-0.5b",
+    generalist: Annotated[str, typer.Option()] = "qwen2.5-1.5b",
+    precision: Annotated[str, typer.Option()] = "int8",
+    preset: Annotated[
+        str, typer.Option(help="default (gamma 0.5) | fast (0.1, top_k 32) | strict (1.0)")
+    ] = "default",
+    max_new_tokens: Annotated[int, typer.Option()] = 96,
+    max_prompt_tokens: Annotated[
+        int, typer.Option(help="Private prompt budget: its prefill is the slow part on a CPU")
+    ] = 640,
+) -> None:
+    """The main job: a real email in a sender's voice via SDK + companion on real models."""
+    from specsteer.client import Client
+    from specsteer.runtime import load_model
+    from specsteer_companion.process import start_companion
+    from specsteer_lab import demo as demo_lib
+    from specsteer_lab.eval.data import shared_file
+
+    say = lambda msg: console.print(f"[dim]{msg}[/dim]")  # noqa: E731
+    try:
+        demo_lib.prepare_models([specialist, generalist], precision, say)
+        store, shared = demo_lib.user_store(data or shared_file("email"), user)
+        say(f"history: {sum(store.stats()['kinds'].values())} earlier posts of {shared.user}")
+        say("starting the companion (loads the Generalist and the generic Specialist)...")
+        proc, url = start_companion(generalist, specialist, precision)
+        try:
+            # the device runs the very artifact the companion serves as P_S0
+            client = Client(
+                load_model(specialist, precision=precision), history=store, companion=url,
+                max_prompt_tokens=max_prompt_tokens,
+            )
+            console.print(
+                f"[bold]Subject:[/bold] {shared.query.get('subject')}  "
+                f"[dim](newsgroup {shared.query.get('newsgroup', '?')})[/dim]"
+            )
+            console.print(legend())
+            result = print_stream(
+                client,
+                shared.query,
+                shared.task,
+                {"preset": preset, "max_new_tokens": max_new_tokens},
+            )
+            console.print(stats_table(result))
+            console.print("[bold]What the user really wrote (first 400 chars):[/bold]")
+            console.print(shared.gold[:400], markup=False)
+        finally:
+            proc.terminate()
+            proc.wait(10)
+    except SpecSteerError as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(1) from None
