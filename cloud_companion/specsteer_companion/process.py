@@ -29,13 +29,15 @@ def start_companion(
     open_access: bool = True,
     args: Sequence[str] = (),
     descriptor_limit: int | None = None,
+    startup: list[str] | None = None,
 ) -> tuple[subprocess.Popen[str], str]:
     """Start a companion on a free loopback port; return it and its ws:// (or wss://) URL.
 
     `batch` serves with `--batch` (cross-session batched passes, default limits).
     `open_access` adds `--open`; without it pass `--tokens STORE` in `args` (or set
     $SPECSTEER_COMPANION_HOME). `args` go to `serve` as they are (e.g. `--cert`, `--key`).
-    `descriptor_limit` sets the child's `ulimit -n`.
+    `descriptor_limit` sets the child's `ulimit -n`. `startup` receives the lines the child
+    printed up to and including its ready line.
     """
     cmd = [
         sys.executable,
@@ -75,7 +77,7 @@ def start_companion(
     )
     assert proc.stdout is not None
     deadline = time.monotonic() + timeout_s
-    seen: list[str] = []
+    seen: list[str] = [] if startup is None else startup
     while time.monotonic() < deadline:
         line = proc.stdout.readline()
         if not line:
