@@ -116,9 +116,6 @@ def serve(
     if open_access:
         log.warning("--open: every client is accepted without a token; use this only for local "
                     "development on a loopback address")
-        if host not in ("127.0.0.1", "::1", "localhost"):
-            log.warning("--open on %s: anyone who can reach this address can use the companion",
-                        host)
     try:
         ssl_context = server_ssl_context(cert, key) if cert and key else None
         store = None if open_access else TokenStore(tokens or default_store_path())
