@@ -17,7 +17,7 @@ import os
 import re
 import secrets
 import sqlite3
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -42,6 +42,9 @@ _MAX_TOKEN_CHARS = 128
 _DUMMY_DIGEST = hashlib.sha256(b"specsteer-no-such-token").digest()
 # A busy store (several server workers plus the CLI) waits this long before giving up.
 _BUSY_TIMEOUT_S = 5.0
+# `last_used_at` is rewritten at most this often per token, so logins do not write the file each
+# time (a write takes the store's lock and syncs the disk; a read does neither).
+LAST_USED_RESOLUTION_S = 60.0
 
 # Run one by one inside the creating transaction (executescript would commit it early).
 _SCHEMA = (
@@ -163,9 +166,11 @@ class TokenStore:
         return IssuedToken(token_id=token_id, secret=secret, device_name=device_name)
 
     def verify(self, secret: str) -> TokenInfo | None:
-        """The token's info if `secret` is a live token (and mark it used), else None.
+        """The token's info if `secret` is a live token, else None.
 
-        Unknown, malformed and revoked tokens all give None, so a caller cannot tell which.
+        Marks the token used when its `last_used_at` is older than `LAST_USED_RESOLUTION_S`
+        (so most logins only read the file). Unknown, malformed and revoked tokens all give
+        None, so a caller cannot tell which.
         """
         if not isinstance(secret, str) or len(secret) > _MAX_TOKEN_CHARS:
             return None
@@ -180,7 +185,11 @@ class TokenStore:
             return None
         if row["revoked_at"] is not None:
             return None
-        used = _iso(self._now())
+        now = self._now()
+        last = _parse_time(row["last_used_at"])
+        if last is not None and 0 <= (now - last).total_seconds() < LAST_USED_RESOLUTION_S:
+            return _info(row)
+        used = _iso(now)
         with self._transaction() as db:
             # `revoked_at IS NULL` here too: a revoke that raced the read above still wins.
             updated = db.execute(
@@ -207,6 +216,18 @@ class TokenStore:
                 (revoked_at, token_id_or_name),
             ).rowcount
         return count > 0
+
+    def revoked_among(self, token_ids: Collection[str]) -> set[str]:
+        """The ids among `token_ids` that are revoked or unknown (one read, no write): what a
+        server asks about its live connections to end those of revoked tokens."""
+        wanted = list(token_ids)
+        if not wanted:
+            return set()
+        marks = ",".join("?" * len(wanted))
+        with self._connect() as db:
+            live = {row[0] for row in db.execute(
+                f"SELECT id FROM tokens WHERE revoked_at IS NULL AND id IN ({marks})", wanted)}
+        return set(wanted) - live
 
     def list(self) -> list[TokenInfo]:
         """Every token ever issued, revoked ones included, oldest first."""

@@ -11,7 +11,17 @@ from typing import Annotated
 
 import typer
 
+from specsteer.errors import SpecSteerError
 from specsteer_companion.cli_tokens import cert_app, default_store_path, tokens_app
+from specsteer_companion.limits import (
+    DEFAULT_BURST,
+    DEFAULT_HELLO_TIMEOUT_S,
+    DEFAULT_MAX_CONNECTIONS,
+    DEFAULT_MAX_CONNECTIONS_PER_ADDRESS,
+    DEFAULT_PREFILL_BURST,
+    DEFAULT_PREFILL_TOKENS_PER_S,
+    DEFAULT_RATE_PER_S,
+)
 
 app = typer.Typer(
     name="specsteer-companion",
@@ -48,6 +58,27 @@ def serve(
     idle_timeout: Annotated[
         float, typer.Option(help="Seconds before an idle device is dropped")
     ] = 120.0,
+    hello_timeout: Annotated[
+        float, typer.Option(min=0.1, help="Seconds from connecting to an accepted Hello")
+    ] = DEFAULT_HELLO_TIMEOUT_S,
+    max_connections: Annotated[
+        int, typer.Option(min=1, help="Open connections in total (lowered to fit ulimit -n)")
+    ] = DEFAULT_MAX_CONNECTIONS,
+    max_connections_per_address: Annotated[
+        int, typer.Option(min=1, help="Open connections from one IP address")
+    ] = DEFAULT_MAX_CONNECTIONS_PER_ADDRESS,
+    rate: Annotated[
+        float, typer.Option(min=0.001, help="Requests per second per connection")
+    ] = DEFAULT_RATE_PER_S,
+    burst: Annotated[int, typer.Option(min=1, help="Request burst per connection")] = int(
+        DEFAULT_BURST
+    ),
+    prefill_rate: Annotated[
+        float, typer.Option(min=0.001, help="Prompt tokens per second per device token")
+    ] = DEFAULT_PREFILL_TOKENS_PER_S,
+    prefill_burst: Annotated[
+        int, typer.Option(min=1, help="Prompt-token burst per device token")
+    ] = int(DEFAULT_PREFILL_BURST),
     max_sessions: Annotated[int, typer.Option()] = 64,
     batch: Annotated[
         bool,
@@ -65,6 +96,11 @@ def serve(
     verbose: Annotated[bool, typer.Option("-v", "--verbose")] = False,
 ) -> None:
     """Load the models and serve devices over websockets until interrupted."""
+    if (cert is None) != (key is None):  # half a TLS setup must never fall back to plain ws://
+        given, missing = ("--cert", "--key") if key is None else ("--key", "--cert")
+        typer.echo(f"error: {given} needs {missing} too: TLS takes a certificate and its key; "
+                   "the companion does not serve plain ws:// when TLS was asked for", err=True)
+        raise typer.Exit(1)
     from specsteer.runtime import LanguageModel, load_model
     from specsteer.runtime.ort_batched import load_batched_model
     from specsteer_companion.auth import TokenStore
@@ -76,6 +112,16 @@ def serve(
     logging.basicConfig(
         level=logging.DEBUG if verbose else logging.INFO, format="%(asctime)s %(name)s %(message)s"
     )
+    log = logging.getLogger("specsteer_companion")
+    if open_access:
+        log.warning("--open: every client is accepted without a token; use this only for local "
+                    "development on a loopback address")
+    try:
+        ssl_context = server_ssl_context(cert, key) if cert and key else None
+        store = None if open_access else TokenStore(tokens or default_store_path())
+    except SpecSteerError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(1) from None
     models: list[BatchingModel] = []
 
     def load(name: str) -> LanguageModel:
@@ -90,10 +136,8 @@ def serve(
     g = load(generalist)
     s = None if specialist == "none" else load(specialist)
     authenticate = None
-    if not open_access:
-        store = TokenStore(tokens or default_store_path())
+    if store is not None:
         authenticate = lambda secret: info.token_id if (info := store.verify(secret)) else None  # noqa: E731
-    ssl_context = server_ssl_context(cert, key) if cert and key else None
     server = CompanionServer(
         Verifier(g, s),
         ServerConfig(
@@ -101,9 +145,17 @@ def serve(
             port=port,
             workers=workers,
             idle_timeout_s=idle_timeout,
+            hello_timeout_s=hello_timeout,
+            max_connections=max_connections,
+            max_connections_per_address=max_connections_per_address,
+            requests_per_second=rate,
+            burst=burst,
+            prefill_tokens_per_second=prefill_rate,
+            prefill_burst=prefill_burst,
             max_sessions=max_sessions,
         ),
         authenticate=authenticate,
+        check_revoked=store.revoked_among if store is not None else None,
         ssl_context=ssl_context,
     )
     scheme = "wss" if ssl_context else "ws"
@@ -131,7 +183,7 @@ def serve(
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(run())
     for model in models:
-        logging.getLogger("specsteer_companion").info("%s batching: %s", model.name, model.stats)
+        log.info("%s batching: %s", model.name, model.stats)
 
 
 def main() -> None:

@@ -1,7 +1,8 @@
-"""Admission limits of the companion: a per-connection rate limiter and session quotas.
+"""Admission limits of the companion: rate limiters, session and connection quotas, defaults.
 
-Owns the arithmetic and the locking: `TokenBucket` (requests per second with a burst) and
-`SessionCounter` (open sessions per device token and in total). Both are pure in-memory objects
+Owns the arithmetic, the locking and the default values: `TokenBucket` (events per second with a
+burst: requests per connection, prompt tokens per device) and `SessionCounter` (open sessions
+per device token, or open connections per address, and in total). Both are pure in-memory objects
 with an injectable clock where time matters, so they are tested without sleeping. Must not do I/O,
 know about websockets or tokens' secrets, or decide what to tell the client (the server does).
 """
@@ -14,19 +15,37 @@ from collections.abc import Callable
 
 from specsteer.errors import CompanionConfigError, CompanionLimitError
 
-# A device decoding ~30 tokens/s in 4-token draft blocks sends ~8 verify requests a second;
-# 20/s leaves room for recovery rows and faster devices while capping what one runaway client
-# can make the Generalist compute.
-DEFAULT_RATE_PER_S = 20.0
-# Two seconds at the full rate: absorbs the burst of a reconnect or a quick run of short drafts
-# without letting a client bank minutes of idle time into a flood.
-DEFAULT_BURST = 40.0
+# A device sends at most one request per token it decodes (a round commits >= 1 token), and fast
+# on-device models decode 100+ tokens/s; 200/s keeps every honest device clear of the limit while
+# stopping a client that floods frames. What a request costs in model time is bounded apart from
+# this: prompts by the prefill budget below, every frame by fair scheduling across devices.
+DEFAULT_RATE_PER_S = 200.0
+# Two seconds at the full rate: absorbs a quick run of short rounds without letting a client bank
+# minutes of idle time into a flood.
+DEFAULT_BURST = 400.0
+# Prompt tokens a device may have prefilled per second (all its connections together). An honest
+# device opens one session per generation: a 1k-token prompt every few seconds, ~300 tokens/s.
+# 2048/s is several times that and keeps one device from filling the accelerator with prefills.
+DEFAULT_PREFILL_TOKENS_PER_S = 2048.0
+# One maximal prompt (the protocol's 8192 tokens) fits; a fresh device can open a few at once.
+DEFAULT_PREFILL_BURST = 8192.0
 # A device runs one generation at a time; 4 leaves room for a couple of apps sharing its token
 # and for a reconnect that races the old socket's close.
 DEFAULT_MAX_SESSIONS_PER_TOKEN = 4
 # Each session keeps a KV cache on the Generalist's accelerator: 64 caches of 4k tokens of an
 # 8B GQA model are ~32 GB, which fits beside the weights on one 80 GB GPU.
 DEFAULT_MAX_SESSIONS_TOTAL = 64
+# Open connections from one IP address: a household or office behind one NAT runs a few devices,
+# each with one connection (two while reconnecting); 32 leaves room for that and stops one host
+# from holding every socket.
+DEFAULT_MAX_CONNECTIONS_PER_ADDRESS = 32
+# Open connections in total, further lowered to fit the process's descriptor limit (the server
+# keeps FD_RESERVE descriptors free for its own files and one accept batch).
+DEFAULT_MAX_CONNECTIONS = 1024
+FD_RESERVE = 128
+# Seconds from accepting a TCP connection to an accepted Hello (websocket handshake included):
+# a device sends its Hello at once, so only an attacker holding sockets open needs longer.
+DEFAULT_HELLO_TIMEOUT_S = 5.0
 
 
 class TokenBucket:
@@ -85,8 +104,17 @@ class TokenBucket:
         self._tokens = min(self.burst, self._tokens + elapsed * self.rate)
 
 
+def connection_cap(max_connections: int, descriptor_limit: int | None) -> int:
+    """Connections to admit in total: `max_connections`, lowered to leave `FD_RESERVE`
+    descriptors of `descriptor_limit` (None: unlimited) free; at least 1."""
+    if descriptor_limit is None:
+        return max_connections
+    return max(1, min(max_connections, descriptor_limit - FD_RESERVE))
+
+
 class SessionCounter:
-    """Counts open sessions per token id and in total, refusing past either cap; thread-safe."""
+    """Counts open sessions (or connections) per key and in total, refusing past either cap;
+    thread-safe. Keys are token ids for sessions, peer addresses for connections."""
 
     def __init__(self, max_per_token: int = DEFAULT_MAX_SESSIONS_PER_TOKEN,
                  max_total: int = DEFAULT_MAX_SESSIONS_TOTAL) -> None:

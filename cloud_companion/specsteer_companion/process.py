@@ -7,9 +7,11 @@ real deployment where the companion is another machine.
 from __future__ import annotations
 
 import os
+import resource
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 
 from specsteer.errors import CompanionUnavailable
 
@@ -24,10 +26,18 @@ def start_companion(
     core: int | None = None,
     timeout_s: float = 300.0,
     batch: bool = False,
+    open_access: bool = True,
+    args: Sequence[str] = (),
+    descriptor_limit: int | None = None,
+    startup: list[str] | None = None,
 ) -> tuple[subprocess.Popen[str], str]:
-    """Start a companion on a free loopback port (open access); return it and its ws:// URL.
+    """Start a companion on a free loopback port; return it and its ws:// (or wss://) URL.
 
     `batch` serves with `--batch` (cross-session batched passes, default limits).
+    `open_access` adds `--open`; without it pass `--tokens STORE` in `args` (or set
+    $SPECSTEER_COMPANION_HOME). `args` go to `serve` as they are (e.g. `--cert`, `--key`).
+    `descriptor_limit` sets the child's `ulimit -n`. `startup` receives the lines the child
+    printed up to and including its ready line.
     """
     cmd = [
         sys.executable,
@@ -42,17 +52,20 @@ def start_companion(
         precision,
         "--port",
         "0",
-        "--open",
+        *(["--open"] if open_access else []),
         "--threads",
         str(threads),
         "--workers",
         str(workers),
         *(["--batch"] if batch else []),
+        *args,
     ]
 
     def pin() -> None:
         if core is not None and hasattr(os, "sched_setaffinity"):
             os.sched_setaffinity(0, {core})
+        if descriptor_limit is not None:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (descriptor_limit, descriptor_limit))
 
     proc = subprocess.Popen(
         cmd,
@@ -64,7 +77,7 @@ def start_companion(
     )
     assert proc.stdout is not None
     deadline = time.monotonic() + timeout_s
-    seen: list[str] = []
+    seen: list[str] = [] if startup is None else startup
     while time.monotonic() < deadline:
         line = proc.stdout.readline()
         if not line:

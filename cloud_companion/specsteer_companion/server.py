@@ -1,10 +1,12 @@
 """The companion's websocket server: a thin asyncio adapter over `CompanionEndpoint`.
 
-One endpoint (protocol state machine + verifier session) per connection; model work runs in a
-thread pool so many devices progress while one is being verified (with batching models, one
-thread per session, so that all of them can wait for the same pass). Limits enforced here are the
-ones only an adapter can see: frame size (websockets' max_size), idle time, request rate and
-session counts.
+One endpoint (protocol state machine + verifier session) per connection; model work runs on a
+`FairExecutor`, one queue per device served round-robin, so a device that floods frames delays
+only itself (with batching models, one thread per session, so that all of them can wait for the
+same pass). Enforced here are the limits only an adapter can see: connections per address and in
+total (lowered to fit the descriptor limit), the Hello deadline, frame size (websockets'
+max_size), idle time, requests per connection, prompt tokens per device, session counts, and
+token revocation for live connections. Repeated log messages are throttled (`logthrottle`).
 """
 
 from __future__ import annotations
@@ -14,35 +16,97 @@ import contextlib
 import logging
 import ssl
 import threading
-from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+import time
+from collections.abc import Callable, Collection, Iterator
+from dataclasses import dataclass, field
+from functools import partial
 
 from websockets.asyncio.server import ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
 
-from specsteer.protocol import ErrorCode, Limits
+from specsteer import protocol
+from specsteer.errors import ProtocolError
+from specsteer.protocol import ErrorCode, Limits, MessageType
+from specsteer_companion import logthrottle
 from specsteer_companion.batching import BatchingModel
 from specsteer_companion.endpoint import Authenticator, CompanionEndpoint
-from specsteer_companion.limits import SessionCounter, TokenBucket
+from specsteer_companion.limits import (
+    DEFAULT_BURST,
+    DEFAULT_HELLO_TIMEOUT_S,
+    DEFAULT_MAX_CONNECTIONS,
+    DEFAULT_MAX_CONNECTIONS_PER_ADDRESS,
+    DEFAULT_MAX_SESSIONS_PER_TOKEN,
+    DEFAULT_MAX_SESSIONS_TOTAL,
+    DEFAULT_PREFILL_BURST,
+    DEFAULT_PREFILL_TOKENS_PER_S,
+    DEFAULT_RATE_PER_S,
+    SessionCounter,
+    TokenBucket,
+    connection_cap,
+)
+from specsteer_companion.scheduler import FairExecutor
 from specsteer_companion.verifier import Verifier
 
 log = logging.getLogger("specsteer_companion")
+THROTTLE = logthrottle.Throttle()  # one per process: every server shares the log it writes to
+REVOKED_MESSAGE = "device token revoked"
+
+# Token ids in, the revoked ones among them out (e.g. `TokenStore.revoked_among`).
+RevocationCheck = Callable[[Collection[str]], "set[str]"]
 
 
 @dataclass
 class ServerConfig:
-    """Network-side settings with the reason for each default."""
+    """Network-side settings; the reason for each default is next to it in `limits`."""
 
     host: str = "127.0.0.1"  # loopback unless asked: the companion is a service, not a toy
     port: int = 8765
     workers: int = 2  # model threads; one per core on a small box
     idle_timeout_s: float = 120.0  # a device that says nothing for 2 min frees its KV caches
-    max_sessions: int = 64  # KV caches cost ~60 KB/token each for the 1.5B: bound the total
-    max_sessions_per_identity: int = 4
-    requests_per_second: float = 200.0  # per connection; a honest device needs < 50
-    burst: int = 400
+    hello_timeout_s: float = DEFAULT_HELLO_TIMEOUT_S
+    max_connections: int = DEFAULT_MAX_CONNECTIONS
+    max_connections_per_address: int = DEFAULT_MAX_CONNECTIONS_PER_ADDRESS
+    max_sessions: int = DEFAULT_MAX_SESSIONS_TOTAL
+    max_sessions_per_identity: int = DEFAULT_MAX_SESSIONS_PER_TOKEN
+    requests_per_second: float = DEFAULT_RATE_PER_S  # per connection
+    burst: int = int(DEFAULT_BURST)
+    prefill_tokens_per_second: float = DEFAULT_PREFILL_TOKENS_PER_S  # per identity
+    prefill_burst: int = int(DEFAULT_PREFILL_BURST)
+    revocation_check_s: float = 2.0  # how often live connections' tokens are re-checked
     limits: Limits | None = None
+
+
+@dataclass(eq=False)
+class _Live:
+    """One open connection as the server tracks it."""
+
+    ws: ServerConnection
+    endpoint: CompanionEndpoint
+    key: str  # the scheduling queue before login: the peer address
+    busy: bool = False  # a frame of it is being handled on a worker thread
+    revoked: bool = False
+    closing: asyncio.Task[None] | None = field(default=None, repr=False)
+
+
+def _descriptor_limit() -> int | None:
+    """The process's soft `ulimit -n`, None when unlimited or unknown (Windows)."""
+    try:
+        import resource
+    except ImportError:
+        return None
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return None if soft == resource.RLIM_INFINITY else soft
+
+
+def _prompt_tokens(frame: bytes, limits: Limits) -> int:
+    """Prompt length of an OpenSession frame, 0 for any other (or malformed) frame."""
+    if len(frame) < 2 or frame[1] != MessageType.OPEN_SESSION:
+        return 0
+    try:
+        message = protocol.decode(frame, limits)
+    except ProtocolError:
+        return 0  # the endpoint will refuse it with the right code
+    return len(message.prompt_ids) if isinstance(message, protocol.OpenSession) else 0
 
 
 class CompanionServer:
@@ -50,17 +114,27 @@ class CompanionServer:
 
     def __init__(self, verifier: Verifier, config: ServerConfig | None = None, *,
                  authenticate: Authenticator | None = None,
+                 check_revoked: RevocationCheck | None = None,
                  ssl_context: ssl.SSLContext | None = None) -> None:
         self.verifier = verifier
         self.config = config or ServerConfig()
         self.authenticate = authenticate
+        self.check_revoked = check_revoked
         self.ssl_context = ssl_context
         self.limits = self.config.limits or Limits()
-        self._pool = ThreadPoolExecutor(max_workers=self.pool_size, thread_name_prefix="verify")
+        self._pool = FairExecutor(self.pool_size, name="verify")
         self._sessions = SessionCounter(max_per_token=self.config.max_sessions_per_identity,
                                         max_total=self.config.max_sessions)
+        self.max_connections = connection_cap(self.config.max_connections, _descriptor_limit())
+        self._connections = SessionCounter(
+            max_per_token=min(self.config.max_connections_per_address, self.max_connections),
+            max_total=self.max_connections)
+        self._prefill: dict[str, TokenBucket] = {}
+        self._prefill_lock = threading.Lock()
+        self._live: set[_Live] = set()
         self.port: int | None = None
-        self.connections = 0
+        self.connections = 0  # handled (admitted and logged in or not) since start
+        self.refused = 0  # connections closed at accept by the per-address or total cap
 
     @property
     def pool_size(self) -> int:
@@ -74,50 +148,186 @@ class CompanionServer:
             return max(self.config.workers, self.config.max_sessions)
         return self.config.workers
 
+    def open_connections(self, address: str | None = None) -> int:
+        """Connections admitted and still open, from `address` or in total."""
+        return self._connections.active(address)
+
     def _session_quota(self, identity: str, opening: bool) -> bool:
         if opening:
             return self._sessions.acquire(identity)
         self._sessions.release(identity)
         return True
 
+    # -- admission at accept ---------------------------------------------------------------
+
+    def _connection_class(self) -> type[ServerConnection]:
+        server = self
+
+        class AdmittedConnection(ServerConnection):
+            """Counts itself against the caps as soon as the socket is accepted."""
+
+            peer = ""
+            admitted = False
+            accepted_at = 0.0
+
+            def connection_made(self, transport: asyncio.BaseTransport) -> None:
+                super().connection_made(transport)
+                self.accepted_at = time.monotonic()
+                peername = transport.get_extra_info("peername")
+                self.peer = str(peername[0]) if peername else "?"
+                self.admitted = server._connections.acquire(self.peer)
+                if not self.admitted:
+                    server.refused += 1
+                    per_address = server._connections.max_per_token
+                    why = (f"{per_address} open from this address"
+                           if server._connections.active(self.peer) >= per_address
+                           else f"{server.max_connections} open in total")
+                    log.warning("refused a connection from %s: %s", self.peer, why)
+                    transport.abort()
+
+            def connection_lost(self, exc: Exception | None) -> None:
+                if self.admitted:
+                    self.admitted = False
+                    server._connections.release(self.peer)
+                super().connection_lost(exc)
+
+        return AdmittedConnection
+
+    # -- budgets -----------------------------------------------------------------------------
+
+    def _prefill_refusal(self, identity: str, tokens: int) -> str | None:
+        """None if `identity` may prefill `tokens` more prompt tokens now, else why not."""
+        with self._prefill_lock:
+            bucket = self._prefill.get(identity)
+            if bucket is None:
+                bucket = self._prefill[identity] = TokenBucket(
+                    self.config.prefill_tokens_per_second, self.config.prefill_burst)
+        cost = min(tokens, bucket.burst)
+        if bucket.try_acquire(cost):
+            return None
+        return (f"prompt budget exhausted: {tokens} prompt tokens, retry in "
+                f"{bucket.retry_after(cost):.1f} s")
+
+    def _forget_full_buckets(self) -> None:
+        """Drop prefill buckets that have refilled (a new one would be the same) and whose
+        identity holds no connection: open mode makes a new identity per connection."""
+        live = {conn.endpoint.identity for conn in self._live}
+        with self._prefill_lock:
+            for identity, bucket in list(self._prefill.items()):
+                if identity not in live and bucket.available >= bucket.burst:
+                    del self._prefill[identity]
+
+    # -- one connection ----------------------------------------------------------------------
+
     async def _handle(self, ws: ServerConnection) -> None:
         endpoint = CompanionEndpoint(self.verifier, authenticate=self.authenticate,
                                      limits=self.limits, on_session=self._session_quota)
         bucket = TokenBucket(rate=self.config.requests_per_second, burst=self.config.burst)
-        loop = asyncio.get_running_loop()
+        peer = getattr(ws, "peer", "?")
+        conn = _Live(ws, endpoint, key=f"address:{peer}")
+        hello_deadline = getattr(ws, "accepted_at", time.monotonic()) + self.config.hello_timeout_s
         self.connections += 1
+        self._live.add(conn)
         try:
             while not endpoint.closed:
+                logged_in = endpoint.identity is not None
+                timeout = (self.config.idle_timeout_s if logged_in
+                           else max(0.0, hello_deadline - time.monotonic()))
                 try:
-                    frame = await asyncio.wait_for(ws.recv(), self.config.idle_timeout_s)
+                    frame = await asyncio.wait_for(ws.recv(), timeout)
                 except TimeoutError:
-                    replies = endpoint.fail(ErrorCode.TIMEOUT, "idle timeout")
+                    why = ("idle timeout" if logged_in
+                           else f"no Hello within {self.config.hello_timeout_s:g} s")
+                    replies = endpoint.fail(ErrorCode.TIMEOUT, why)
                 else:
-                    if isinstance(frame, str):
-                        replies = endpoint.fail(ErrorCode.BAD_FRAME, "text frames are not accepted")
-                    elif not bucket.try_acquire():
-                        replies = endpoint.fail(ErrorCode.RATE_LIMITED, "too many requests")
-                    else:
-                        replies = await loop.run_in_executor(self._pool, endpoint.handle, frame)
+                    replies = await self._reply(conn, bucket, frame)
+                if conn.revoked and not endpoint.closed:
+                    replies += endpoint.fail(ErrorCode.AUTH_FAILED, REVOKED_MESSAGE)
                 for reply in replies:
                     await ws.send(reply)
         except ConnectionClosed:
             pass
         finally:
+            self._live.discard(conn)
             endpoint.release()
             await ws.close()
+
+    async def _reply(self, conn: _Live, bucket: TokenBucket, frame: str | bytes) -> list[bytes]:
+        endpoint = conn.endpoint
+        if conn.revoked:
+            return endpoint.fail(ErrorCode.AUTH_FAILED, REVOKED_MESSAGE)
+        if isinstance(frame, str):
+            return endpoint.fail(ErrorCode.BAD_FRAME, "text frames are not accepted")
+        if not bucket.try_acquire():
+            return endpoint.fail(ErrorCode.RATE_LIMITED, "too many requests")
+        identity = endpoint.identity
+        prompt_tokens = _prompt_tokens(frame, self.limits) if identity is not None else 0
+        if prompt_tokens and (why := self._prefill_refusal(identity or "", prompt_tokens)):
+            return endpoint.fail(ErrorCode.RATE_LIMITED, why)
+        conn.busy = True
+        try:
+            job = self._pool.submit(identity or conn.key, partial(endpoint.handle, frame))
+            return await asyncio.wrap_future(job)
+        finally:
+            conn.busy = False
+
+    # -- revocation --------------------------------------------------------------------------
+
+    async def _watch(self) -> None:
+        """Every `revocation_check_s`: end connections whose token was revoked, tidy budgets."""
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(self.config.revocation_check_s)
+            self._forget_full_buckets()
+            if self.check_revoked is None:
+                continue
+            identities = {c.endpoint.identity for c in self._live if c.endpoint.identity}
+            if not identities:
+                continue
+            try:
+                revoked = await loop.run_in_executor(None, self.check_revoked, identities)
+            except Exception:  # a busy or broken store: keep serving, try again next time
+                log.exception("could not check for revoked tokens")
+                continue
+            for conn in [c for c in self._live if c.endpoint.identity in revoked]:
+                if conn.revoked:
+                    continue
+                conn.revoked = True
+                log.info("closing a connection of revoked token %s", conn.endpoint.identity)
+                if not conn.busy:  # idle in recv: tell it now; a busy one is told after its frame
+                    conn.closing = asyncio.create_task(self._end_revoked(conn))
+
+    async def _end_revoked(self, conn: _Live) -> None:
+        with contextlib.suppress(ConnectionClosed):
+            for reply in conn.endpoint.fail(ErrorCode.AUTH_FAILED, REVOKED_MESSAGE):
+                await conn.ws.send(reply)
+        await conn.ws.close()
+
+    # -- running -----------------------------------------------------------------------------
 
     async def serve(self, ready: Callable[[int], None] | None = None,
                     stop: asyncio.Event | None = None) -> None:
         """Serve until `stop` is set (forever when None)."""
-        async with serve(self._handle, self.config.host, self.config.port, ssl=self.ssl_context,
-                         max_size=self.limits.max_message_bytes, compression=None,
-                         ping_interval=20, ping_timeout=20) as server:
-            self.port = next(iter(server.sockets)).getsockname()[1]
-            log.info("companion listening on %s:%s", self.config.host, self.port)
-            if ready is not None:
-                ready(self.port)
-            await (stop.wait() if stop is not None else asyncio.Future())
+        logthrottle.install(THROTTLE)
+        watcher = asyncio.create_task(self._watch())
+        try:
+            async with serve(self._handle, self.config.host, self.config.port,
+                             ssl=self.ssl_context, create_connection=self._connection_class(),
+                             open_timeout=self.config.hello_timeout_s,
+                             max_size=self.limits.max_message_bytes, compression=None,
+                             ping_interval=20, ping_timeout=20) as server:
+                self.port = next(iter(server.sockets)).getsockname()[1]
+                log.info("companion listening on %s:%s (at most %d connections, %d per address)",
+                         self.config.host, self.port, self.max_connections,
+                         self._connections.max_per_token)
+                if ready is not None:
+                    ready(self.port)
+                await (stop.wait() if stop is not None else asyncio.Future())
+        finally:
+            watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watcher
+            await asyncio.get_running_loop().run_in_executor(None, self._pool.shutdown)
 
     @contextlib.contextmanager
     def running(self) -> Iterator[str]:

@@ -7,12 +7,14 @@ on-device Specialist only; the companion receives the context-free request's tok
 
 from __future__ import annotations
 
+import logging
 import ssl
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from specsteer.device import (
     DecodeStats,
@@ -23,7 +25,7 @@ from specsteer.device import (
     TokenEvent,
     decode,
 )
-from specsteer.errors import CompanionUnavailable
+from specsteer.errors import CompanionConfigError, CompanionUnavailable
 from specsteer.history import HistoryStore, Prompt, build_prompt, retrieve
 from specsteer.link import CompanionLink, FrameChannel, FrameTap, LinkStats
 from specsteer.runtime import load_model
@@ -31,6 +33,7 @@ from specsteer.runtime.base import LanguageModel
 from specsteer.tokenizer import Message
 
 ChannelFactory = Callable[[], FrameChannel]
+log = logging.getLogger("specsteer.client")
 
 
 @dataclass(frozen=True)
@@ -93,6 +96,10 @@ class Client:
     history: a HistoryStore or the path of its SQLite file (None: no private context).
     companion: a ws:// / wss:// URL, a factory of FrameChannels (in-process companions), or None
         for local-only generation.
+    allow_insecure: send `token` over plain ws:// to a host other than this machine. Refused by
+        default (`CompanionConfigError`): anyone on the path could read the token and the
+        prompt. Use wss:// instead; this is for trusted private networks only, and logs a
+        warning.
     """
 
     def __init__(
@@ -110,7 +117,10 @@ class Client:
         max_prompt_tokens: int = 1024,
         tap: FrameTap | None = None,
         threads: int = 1,
+        allow_insecure: bool = False,
     ) -> None:
+        if isinstance(companion, str) and token:
+            _check_token_transport(companion, allow_insecure)
         self.specialist = specialist if not isinstance(specialist, str | Path) \
             else load_model(specialist, threads=threads)
         self.history = HistoryStore(history) if isinstance(history, str | Path) else history
@@ -250,6 +260,25 @@ class Client:
         for _ in self.stream(query, result=out, **options):
             pass
         return out[0]
+
+
+_LOOPBACK_HOSTS = {"localhost", "127.0.0.1", "::1"}
+
+
+def _check_token_transport(url: str, allow_insecure: bool) -> None:
+    """Refuse to send a token in the clear (ws://) to another machine unless allowed."""
+    parsed = urlsplit(url)
+    host = (parsed.hostname or "").lower()
+    if parsed.scheme != "ws" or host in _LOOPBACK_HOSTS or host.startswith("127."):
+        return
+    if not allow_insecure:
+        raise CompanionConfigError(
+            f"refusing to send the device token over unencrypted ws:// to {host}: anyone on "
+            "the network path could read it; use a wss:// URL (TLS), or pass "
+            "allow_insecure=True on a trusted private network"
+        )
+    log.warning("sending the device token over unencrypted ws:// to %s (allow_insecure=True)",
+                host)
 
 
 def _find_stop(text: str, stop: Sequence[str]) -> int | None:

@@ -79,6 +79,10 @@ class HistoryLocked(HistoryError):
         self.waited_s = waited_s
 
 
+class HistoryReadOnly(HistoryError):
+    """A write to a history opened read-only (the file or its folder is not writable)."""
+
+
 class HistoryCorrupt(HistoryError):
     """The history file is not a SQLite database, is damaged, or has a newer schema."""
 

@@ -36,7 +36,8 @@ class WebSocketChannel:
                 close_timeout=2,
             )
             self._ws: ClientConnection = self._connect.__enter__()
-        except (OSError, TimeoutError, InvalidHandshake, InvalidURI) as exc:
+        except (OSError, TimeoutError, InvalidHandshake, InvalidURI, ConnectionClosed) as exc:
+            # ConnectionClosed: the companion closed the socket during the handshake (full)
             raise CompanionUnavailable(f"cannot reach the companion at {url}: {exc}") from exc
 
     def send(self, frame: bytes) -> None:

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from specsteer.errors import CompanionConfigError, SpecSteerError, TokenStoreError
-from specsteer_companion.auth import AllowAll, TokenInfo, TokenStore
+from specsteer_companion.auth import LAST_USED_RESOLUTION_S, AllowAll, TokenInfo, TokenStore
 
 
 class StepClock:
@@ -158,14 +158,43 @@ def test_list_reports_state_and_never_secrets(store: TokenStore) -> None:
                                        "last_used_at"}
 
 
-def test_verify_updates_last_used_at(store: TokenStore) -> None:
+class SetClock:
+    """A UTC clock that stands still until a test moves it."""
+
+    def __init__(self) -> None:
+        self.moment = datetime(2025, 1, 1, tzinfo=timezone.utc)
+
+    def __call__(self) -> datetime:
+        return self.moment
+
+
+def test_verify_updates_last_used_at_at_most_once_a_minute(tmp_path: Path) -> None:
+    clock = SetClock()
+    store = TokenStore(tmp_path / "tokens.db", now=clock)
     issued = store.create("alice-phone")
     first = store.verify(issued.secret)
-    second = store.verify(issued.secret)
-    assert first is not None and second is not None
-    assert first.last_used_at is not None and second.last_used_at is not None
-    assert second.last_used_at > first.last_used_at
-    assert store.list()[0].last_used_at == second.last_used_at
+    assert first is not None and first.last_used_at == clock.moment
+    clock.moment += timedelta(seconds=LAST_USED_RESOLUTION_S - 1)
+    # a recent token is only read: it verifies even while another writer holds the file
+    with sqlite3.connect(store.path, isolation_level=None) as writer:
+        writer.execute("BEGIN IMMEDIATE")
+        again = store.verify(issued.secret)
+        writer.execute("ROLLBACK")
+    assert again is not None and again.last_used_at == first.last_used_at
+    assert store.list()[0].last_used_at == first.last_used_at
+    clock.moment += timedelta(seconds=2)
+    later = store.verify(issued.secret)
+    assert later is not None and later.last_used_at == clock.moment
+    assert store.list()[0].last_used_at == clock.moment
+
+
+def test_revoked_among_names_revoked_and_unknown_ids(store: TokenStore) -> None:
+    alice, bob = store.create("alice-phone"), store.create("bob-phone")
+    assert store.revoked_among([alice.token_id, bob.token_id]) == set()
+    store.revoke(bob.token_id)
+    unknown = "0" * 16
+    assert store.revoked_among([alice.token_id, bob.token_id, unknown]) == {bob.token_id, unknown}
+    assert store.revoked_among([]) == set()
 
 
 @pytest.mark.parametrize("name", ["", " alice", "a b", "-dash-first", "x" * 65, "0123456789abcdef"])

@@ -75,7 +75,7 @@ def test_forget_and_stats(tmp_path: Path) -> None:
     assert declined.exit_code == 1
     assert json.loads(run("stats", "--db", db, "--json").stdout)["records"] == 3
     out = run("forget", "--db", db, "--kind", "email", "--before", "2020", "--yes", "--json").stdout
-    assert json.loads(out) == {"deleted": 1}
+    assert json.loads(out) == {"deleted": 1, "erase_pending": False}
     assert "deleted 2" in run("forget", "--db", db, "--all", input="y\n").stdout
     assert json.loads(run("stats", "--db", db, "--json").stdout)["records"] == 0
 

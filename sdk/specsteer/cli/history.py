@@ -2,7 +2,8 @@
 
 A thin mapping of commands onto `specsteer.history` (store, ingest): no storage or retrieval
 logic lives here. Results go to stdout (`--json` for machines), errors to stderr; any
-`SpecSteerError` becomes one red line and exit code 1, never a traceback.
+`SpecSteerError` becomes one red line and exit code 1, never a traceback. An erase that another
+connection's read keeps from completing says so and exits with `ERASE_PENDING_EXIT`.
 """
 
 from __future__ import annotations
@@ -41,6 +42,26 @@ KindsOption = Annotated[
 BeforeOption = Annotated[
     str | None, typer.Option(help="Only records created before this date (ISO-8601 or a year).")
 ]
+
+
+# delete/forget removed the records, but old copies of their text are still in the file or its
+# WAL because another connection is reading; the erase completes when it closes (next open).
+ERASE_PENDING_EXIT = 3
+
+
+def _erase_outcome(count: int, pending: bool, as_json: bool, payload: dict[str, Any]) -> None:
+    """Print what an erase did; exit with ERASE_PENDING_EXIT when it is not complete."""
+    if as_json:
+        _emit({**payload, "erase_pending": pending})
+    else:
+        typer.echo(f"deleted {count} record(s)")
+    if pending:
+        Console(stderr=True, soft_wrap=True, highlight=False).print(
+            "erase pending: another connection (an app or process) is reading the history, so "
+            "old copies of the deleted text are still in the file or its write-ahead log; they "
+            "are overwritten when that reader closes and the history is opened again (or run "
+            "this command again then)", style="yellow", markup=False)
+        raise typer.Exit(ERASE_PENDING_EXIT)
 
 
 def _fail(message: str) -> int:
@@ -201,12 +222,11 @@ def delete(
         missing = [record_id for record_id in ids if record_id not in store]
         if missing:
             raise typer.Exit(_fail(f"no records with ids {missing}; nothing deleted"))
+        pending = False
         for record_id in ids:
             store.delete(record_id)
-    if as_json:
-        _emit({"deleted": ids})
-    else:
-        typer.echo(f"deleted {len(ids)} record(s)")
+            pending = store.erase_pending
+    _erase_outcome(len(ids), pending, as_json, {"deleted": ids})
 
 
 @app.command()
@@ -232,10 +252,8 @@ def forget(
             store.wipe()
         else:
             count = store.forget(kind=kinds or None, before=before)
-    if as_json:
-        _emit({"deleted": count})
-    else:
-        typer.echo(f"deleted {count} record(s)")
+        pending = store.erase_pending
+    _erase_outcome(count, pending, as_json, {"deleted": count})
 
 
 @app.command()

@@ -28,6 +28,7 @@ from specsteer.errors import (
     HistoryCorrupt,
     HistoryError,
     HistoryLocked,
+    HistoryReadOnly,
     InvalidRecord,
     RecordNotFound,
 )
@@ -144,6 +145,12 @@ def _record(row: Sequence[Any]) -> Record:
     return Record(record_id, kind, title, body, created_at, json.loads(meta), source)
 
 
+def _not_writable(path: Path) -> bool:
+    """An existing file this process cannot write, or whose folder it cannot write (WAL mode
+    creates -wal and -shm files beside it)."""
+    return path.exists() and not (os.access(path, os.W_OK) and os.access(path.parent, os.W_OK))
+
+
 def _kinds(kind: str | Sequence[str] | None) -> tuple[str, ...]:
     if kind is None:
         return ()
@@ -155,6 +162,8 @@ class HistoryStore:
 
     Safe to share between threads (one connection behind a lock) and between processes (WAL
     readers never block; writers wait up to `busy_timeout_s`, then raise `HistoryLocked`).
+    An existing file that this process cannot write (or `read_only=True`) is opened read-only:
+    it can be listed and searched, and every write raises `HistoryReadOnly`.
     """
 
     def __init__(
@@ -164,12 +173,20 @@ class HistoryStore:
         memory: bool = False,
         busy_timeout_s: float = 5.0,
         tracer: Tracer | None = None,
+        read_only: bool = False,
     ) -> None:
         if memory == (path is not None):
             raise ValueError("give HistoryStore a file path, or memory=True (not both)")
         if busy_timeout_s < 0:
             raise ValueError("busy_timeout_s must be >= 0")
         self.path: Path | None = None if path is None else Path(path).expanduser().absolute()
+        if self.path is not None and self.path.is_dir():
+            raise HistoryError(f"{self.path} is a folder; give the path of a history file in it "
+                               "(e.g. history.db)")
+        self.read_only = read_only or (self.path is not None and _not_writable(self.path))
+        # True after an erase whose old copies another connection's read still holds in the
+        # file or its WAL; `finish_erase` (or the next open) completes it.
+        self.erase_pending = False
         self.busy_timeout_s = busy_timeout_s
         self.lock_retries = 0  # how often a write found the file locked and backed off
         self._writes = 0  # commits on this connection: with data_version, invalidates _doc_freqs
@@ -180,16 +197,30 @@ class HistoryStore:
         self._closed = False
         # SQLite's own busy wait gets a slice of the budget; the retry loop below spends the rest.
         slice_s = max(0.005, busy_timeout_s / 4)
-        if self.path is None:
-            conn = sqlite3.connect(":memory:", check_same_thread=False)
-        else:
-            self._create_private_file(self.path)
-            conn = sqlite3.connect(self.path, timeout=slice_s, check_same_thread=False)
+        self._busy_ms = int(slice_s * 1000)
+        try:
+            if self.path is None:
+                conn = sqlite3.connect(":memory:", check_same_thread=False)
+            elif self.read_only:
+                if not self.path.exists():
+                    raise HistoryError(f"history file {self.path} does not exist")
+                uri = f"{self.path.as_uri()}?mode=ro"
+                conn = sqlite3.connect(uri, uri=True, timeout=slice_s, check_same_thread=False)
+            else:
+                self._create_private_file(self.path)
+                conn = sqlite3.connect(self.path, timeout=slice_s, check_same_thread=False)
+        except sqlite3.Error as exc:
+            raise HistoryError(f"cannot open history file {self.path}: {exc}") from exc
         self.db = sqlite_utils.Database(conn, tracer=tracer)
         try:
             self._run(self._configure, write=False)
             if self._run(self._schema_version, write=False) != SCHEMA_VERSION:
+                if self.read_only:
+                    raise HistoryCorrupt(f"{self.location} is not a specsteer history (and is "
+                                         "read-only, so none can be created in it)")
                 self._run(self._create_schema, write=True)
+            if self.path is not None and not self.read_only:
+                self._finish_pending_erase()
         except BaseException:
             conn.close()
             raise
@@ -217,8 +248,23 @@ class HistoryStore:
         self.db.execute("PRAGMA secure_delete = ON")  # freed pages and cells are zeroed
         self.db.execute("PRAGMA temp_store = MEMORY")  # no history text in temp files
         self.db.execute("PRAGMA synchronous = FULL")  # a returned write survives power loss
-        if self.path is not None:
+        if self.path is not None and not self.read_only:
             self.db.enable_wal()
+
+    def _finish_pending_erase(self) -> None:
+        """At open: if the WAL holds pages (perhaps an erase that a reader blocked last time),
+        checkpoint and truncate it now, without waiting for anyone."""
+        wal = Path(f"{self.path}-wal")
+        if not wal.exists() or wal.stat().st_size == 0:
+            return
+        self.db.execute("PRAGMA busy_timeout = 0")  # never make an app's open wait on a reader
+        try:
+            self._run(lambda: self.db.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone(),
+                      write=False)
+        except HistoryLocked:
+            pass  # a writer holds the file: the next erase or open tries again
+        finally:
+            self.db.execute(f"PRAGMA busy_timeout = {self._busy_ms}")
 
     def _schema_version(self) -> int:
         version: int = self.db.execute("PRAGMA user_version").fetchone()[0]
@@ -252,6 +298,12 @@ class HistoryStore:
 
     def _run(self, op: Callable[[], T], *, write: bool) -> T:
         """Run `op` (inside `BEGIN IMMEDIATE ... COMMIT` when writing), retrying while locked."""
+        if write and self.read_only:
+            raise HistoryReadOnly(
+                f"history file {self.location} is read-only (opened with mode=ro because this "
+                "process cannot write it or its folder): it can be listed and searched, not "
+                "changed"
+            )
         with self._lock:
             start = time.monotonic()
             delay = 0.01
@@ -289,12 +341,26 @@ class HistoryStore:
 
         `secure_delete` zeroes freed rows and pages; FTS5 keeps deleted terms in old segments
         until `optimize` merges them away; the WAL keeps old page images until a TRUNCATE
-        checkpoint, which an open reader elsewhere can block.
+        checkpoint, which an open reader elsewhere can block (for up to `busy_timeout_s`; then
+        `erase_pending` is set and the erase finishes in `finish_erase` or at the next open).
         """
         self._run(
             lambda: self.db.execute(f"INSERT INTO {FTS_TABLE}({FTS_TABLE}) VALUES ('optimize')"),
             write=True,
         )
+        self.erase_pending = True
+        self.erase_pending = not self._truncate_wal(self.busy_timeout_s, require=require)
+        return not self.erase_pending
+
+    def finish_erase(self, wait_s: float = 0.0) -> bool:
+        """Complete an erase a reader blocked: checkpoint and truncate the WAL, waiting up to
+        `wait_s` for readers to finish. True when nothing is pending any more."""
+        if self.erase_pending:
+            self.erase_pending = not self._truncate_wal(wait_s, require=False)
+        return not self.erase_pending
+
+    def _truncate_wal(self, wait_s: float, *, require: bool) -> bool:
+        """`wal_checkpoint(TRUNCATE)`, retried for `wait_s`; True when it completed."""
         if self.path is None:
             return True
         start = time.monotonic()
@@ -305,7 +371,7 @@ class HistoryStore:
             if not busy:
                 return True
             waited = time.monotonic() - start
-            if waited >= self.busy_timeout_s:
+            if waited >= wait_s:
                 if require:
                     raise HistoryLocked(
                         self.location,

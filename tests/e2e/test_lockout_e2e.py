@@ -1,0 +1,311 @@
+"""Lock-out and starvation, tried against a real `CompanionServer` on loopback sockets.
+
+Idle sockets that never log in, floods from one address, a full server, fd pressure in a child
+process with a low `ulimit -n`, the request rate and the prompt budget, and revocation of a live
+connection through `specsteer-companion tokens revoke`. Every loop is bounded and every test
+stops by itself. Attackers use other loopback source addresses (127.0.0.2...) so that the
+per-address cap can be told from the total one; Linux routes all of 127/8 to the loopback.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+
+import pytest
+from websockets.sync.client import connect
+
+from specsteer import protocol
+from specsteer.client import Client
+from specsteer.errors import CompanionError, CompanionUnavailable
+from specsteer.link import CompanionLink
+from specsteer.models.tiny import tiny_model_dir
+from specsteer.protocol import ErrorCode, Limits
+from specsteer.transport import WebSocketChannel
+from specsteer_companion.auth import TokenStore
+from specsteer_companion.limits import DEFAULT_BURST, DEFAULT_RATE_PER_S, FD_RESERVE
+from specsteer_companion.process import start_companion
+from specsteer_companion.server import THROTTLE, CompanionServer, ServerConfig
+from specsteer_companion.verifier import Verifier
+
+SESSION = dict(mode=protocol.Mode.SPECSTEER, gamma=0.5, alpha=1.0, top_k=8, temperature=0.0,
+               seed=0, select=protocol.Select.TOP_LOGP_G, s0_on_device=False)
+
+
+def _port(url: str) -> int:
+    return int(url.rsplit(":", 1)[1])
+
+
+def _attacker(port: int, source: str = "127.0.0.2") -> socket.socket:
+    """A TCP connection that never says anything."""
+    sock = socket.create_connection(("127.0.0.1", port), timeout=5, source_address=(source, 0))
+    sock.settimeout(0.05)
+    return sock
+
+
+def _closed_by_server(sock: socket.socket, within_s: float) -> bool:
+    """True once the server has closed (or reset) `sock`, False if it is still open."""
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        try:
+            if sock.recv(4096) == b"":
+                return True
+        except TimeoutError:
+            continue
+        except OSError:  # reset
+            return True
+    return False
+
+
+def _wait_for(predicate, within_s: float) -> bool:
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.02)
+    return predicate()
+
+
+@contextlib.contextmanager
+def _held(sockets: list[socket.socket]) -> Iterator[list[socket.socket]]:
+    try:
+        yield sockets
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
+def test_connections_that_never_log_in_are_closed_after_the_hello_deadline(
+        tiny_model, tiny_generalist):
+    server = CompanionServer(Verifier(tiny_generalist, tiny_model),
+                             ServerConfig(port=0, hello_timeout_s=0.5))
+    with server.running() as url:
+        raw = [_attacker(_port(url)) for _ in range(3)]  # not even a websocket handshake
+        with contextlib.ExitStack() as stack:
+            # a websocket handshake, then no Hello
+            sockets = [stack.enter_context(connect(url, open_timeout=5)) for _ in range(3)]
+            started = time.monotonic()
+            try:
+                assert _wait_for(lambda: server.open_connections() == 6, 2)
+                for ws in sockets:  # told why before the close
+                    reply = protocol.decode(ws.recv(timeout=5), Limits())
+                    assert isinstance(reply, protocol.Error) and reply.code == ErrorCode.TIMEOUT
+                    assert "no Hello within 0.5 s" in reply.message
+                assert all(_closed_by_server(sock, 3) for sock in raw)
+                assert time.monotonic() - started < 3
+                assert _wait_for(lambda: server.open_connections() == 0, 2)
+            finally:
+                for sock in raw:
+                    sock.close()
+        # a device that logs in at once is not affected by the deadline
+        client = Client(tiny_model, companion=url)
+        assert not client.generate("Team offsite", max_new_tokens=8, offline="fail").stats.degraded
+
+
+def test_per_address_cap_refuses_the_next_and_a_device_is_still_served(
+        tiny_model, tiny_generalist):
+    server = CompanionServer(Verifier(tiny_generalist, tiny_model),
+                             ServerConfig(port=0, max_connections_per_address=4,
+                                          hello_timeout_s=30))
+    with server.running() as url, _held([]) as held:
+        held.extend(_attacker(_port(url)) for _ in range(4))
+        assert _wait_for(lambda: server.open_connections("127.0.0.2") == 4, 2)
+        extra = _attacker(_port(url))
+        held.append(extra)
+        assert _closed_by_server(extra, 2)
+        assert server.refused == 1
+        assert not any(_closed_by_server(sock, 0.1) for sock in held[:4])  # still held
+        for _ in range(2):  # the device (127.0.0.1) is served while the attacker holds its max
+            client = Client(tiny_model, companion=url)
+            result = client.generate("Team offsite", max_new_tokens=8, offline="fail")
+            assert not result.stats.degraded
+
+
+def test_total_cap_refuses_and_the_hello_deadline_frees_the_slots(tiny_model, tiny_generalist):
+    server = CompanionServer(Verifier(tiny_generalist, tiny_model),
+                             ServerConfig(port=0, max_connections=6, hello_timeout_s=1.0))
+    with server.running() as url, _held([]) as held:
+        held.extend(_attacker(_port(url), f"127.0.0.{2 + i}") for i in range(6))
+        assert _wait_for(lambda: server.open_connections() == 6, 2)
+        with pytest.raises(CompanionUnavailable):  # full: the device is refused too
+            Client(tiny_model, companion=url).generate("Team offsite", max_new_tokens=4,
+                                                       offline="fail")
+        assert server.refused >= 1
+        assert _wait_for(lambda: server.open_connections() == 0, 3)  # the deadline passed
+        client = Client(tiny_model, companion=url)
+        assert not client.generate("Team offsite", max_new_tokens=8, offline="fail").stats.degraded
+
+
+def test_a_flood_of_refusals_logs_a_bounded_number_of_lines(tiny_model, tiny_generalist):
+    records: list[logging.LogRecord] = []
+
+    class Count(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            records.append(record)
+
+    handler = Count(level=logging.DEBUG)
+    logger = logging.getLogger("specsteer_companion")
+    logger.addHandler(handler)
+    server = CompanionServer(Verifier(tiny_generalist, tiny_model),
+                             ServerConfig(port=0, max_connections_per_address=2,
+                                          hello_timeout_s=30))
+    try:
+        with server.running() as url, _held([]) as held:
+            dropped_before = THROTTLE.dropped
+            for _ in range(300):
+                held.append(_attacker(_port(url)))
+            assert _wait_for(lambda: server.refused == 298, 10)
+    finally:
+        logger.removeHandler(handler)
+    refusals = [r for r in records if r.getMessage().startswith("refused a connection")]
+    # at most per_window lines per window (and the test runs within about two windows)
+    assert 1 <= len(refusals) <= 2 * THROTTLE.per_window
+    assert THROTTLE.dropped - dropped_before >= 298 - 2 * THROTTLE.per_window
+
+
+def _frame_count_until_refused(url: str, frames: int) -> tuple[int, float, protocol.Error]:
+    """Send a Hello and then OpenSessions as fast as the server takes them; count the replies
+    that came back before the RATE_LIMITED error."""
+    hello = protocol.encode(protocol.Hello(generalist_sha256="", client_name="flood"))
+    opening = protocol.encode(protocol.OpenSession(prompt_ids=(1,), **SESSION))
+    limits = Limits(vocab_size=1 << 20)
+    with connect(url, open_timeout=5, close_timeout=1, max_size=1 << 20) as ws:
+        started = time.monotonic()
+        ws.send(hello)
+        for _ in range(frames):
+            ws.send(opening)
+        served = 0
+        while True:
+            reply = protocol.decode(ws.recv(timeout=10), limits)
+            if isinstance(reply, protocol.Error):
+                return served + 1, time.monotonic() - started, reply  # +1: the Hello
+            served += 1
+
+
+def test_the_documented_request_rate_is_what_runs(tiny_model, tiny_generalist):
+    assert (ServerConfig().requests_per_second, ServerConfig().burst) == (200, 400)
+    assert (DEFAULT_RATE_PER_S, DEFAULT_BURST) == (200, 400)
+    server = CompanionServer(Verifier(tiny_generalist, tiny_model), ServerConfig(port=0))
+    with server.running() as url:
+        allowed, elapsed, error = _frame_count_until_refused(url, 1500)
+    assert error.code == ErrorCode.RATE_LIMITED, error
+    # a full bucket of 400, plus what refilled at 200/s while they were handled
+    assert 400 <= allowed <= 400 + 200 * elapsed + 1
+
+
+def test_a_small_configured_rate_is_enforced(tiny_model, tiny_generalist):
+    server = CompanionServer(Verifier(tiny_generalist, tiny_model),
+                             ServerConfig(port=0, requests_per_second=5, burst=10))
+    with server.running() as url:
+        allowed, elapsed, error = _frame_count_until_refused(url, 100)
+    assert error.code == ErrorCode.RATE_LIMITED
+    assert 10 <= allowed <= 10 + 5 * elapsed + 1
+
+
+def test_prompt_tokens_are_charged_to_the_device_across_its_connections(
+        tiny_model, tiny_generalist, tmp_path):
+    tokens = TokenStore(tmp_path / "tokens.db")
+    greedy, other = tokens.create("greedy"), tokens.create("other")
+    server = CompanionServer(
+        Verifier(tiny_generalist, tiny_model),
+        ServerConfig(port=0, prefill_tokens_per_second=1, prefill_burst=1000),
+        authenticate=lambda s: info.token_id if (info := tokens.verify(s)) else None)
+    prompt = list(range(1, 301))
+    with server.running() as url:
+        link = CompanionLink(WebSocketChannel(url))
+        link.hello(auth_token=greedy.secret)
+        for _ in range(3):  # 900 of 1000 prompt tokens
+            link.open(prompt, **SESSION)
+        with pytest.raises(CompanionError) as info:
+            link.open(prompt, **SESSION)
+        assert info.value.code == ErrorCode.RATE_LIMITED
+        assert "prompt budget exhausted" in str(info.value)
+        link.close()
+        again = CompanionLink(WebSocketChannel(url))  # a new connection does not reset it
+        again.hello(auth_token=greedy.secret)
+        with pytest.raises(CompanionError, match="prompt budget"):
+            again.open(prompt, **SESSION)
+        again.close()
+        fine = CompanionLink(WebSocketChannel(url))  # another device has its own budget
+        fine.hello(auth_token=other.secret)
+        assert fine.open(prompt, **SESSION) == len(prompt)
+        fine.close()
+
+
+def test_revoking_a_token_ends_its_live_connection(tiny_model, tiny_generalist, tmp_path):
+    store_path = tmp_path / "tokens.db"
+    tokens = TokenStore(store_path)
+    device = tokens.create("alice-phone")
+    bystander = tokens.create("bob-phone")
+    server = CompanionServer(
+        Verifier(tiny_generalist, tiny_model), ServerConfig(port=0, revocation_check_s=0.2),
+        authenticate=lambda s: info.token_id if (info := tokens.verify(s)) else None,
+        check_revoked=tokens.revoked_among)
+    with server.running() as url:
+        links = []
+        for secret in (device.secret, bystander.secret):
+            link = CompanionLink(WebSocketChannel(url))
+            link.hello(auth_token=secret)
+            link.open([1, 2, 3], **SESSION)
+            links.append(link)
+        revoked = subprocess.run(
+            [sys.executable, "-m", "specsteer_companion.cli", "tokens", "revoke",
+             device.token_id, "--store", str(store_path)],
+            capture_output=True, text=True, timeout=60)
+        assert revoked.returncode == 0, revoked.stderr
+        started = time.monotonic()
+        frame = links[0].channel.recv(timeout=5)  # the server speaks first
+        error = protocol.decode(frame, Limits())
+        assert isinstance(error, protocol.Error) and error.code == ErrorCode.AUTH_FAILED
+        assert error.message == "device token revoked"
+        assert time.monotonic() - started < 2
+        assert links[1].verify([5, 6]).accepted >= 0  # the other device goes on
+        for link in links:
+            link.close()
+
+
+def test_fd_pressure_in_a_child_with_a_low_ulimit(tmp_path):
+    """The issue's setting: 256 descriptors, hundreds of idle sockets. The companion caps its
+    connections below the limit, refuses the rest, logs little, and serves again at once."""
+    from specsteer.runtime import load_model
+
+    limit = 256
+    startup: list[str] = []
+    proc, url = start_companion(str(tiny_model_dir("llama", seed=1)),
+                                str(tiny_model_dir("llama", seed=0)), timeout_s=120,
+                                descriptor_limit=limit, args=["--hello-timeout", "30"],
+                                startup=startup)
+    port = _port(url)
+    held: list[socket.socket] = []
+    try:
+        for i in range(400):  # 20 addresses x 20: under the per-address cap, over the total
+            with contextlib.suppress(OSError):
+                held.append(_attacker(port, f"127.0.1.{1 + i // 20}"))
+        closed = sum(_closed_by_server(sock, 0.02) for sock in held)
+        assert closed >= len(held) - (limit - FD_RESERVE)  # at most 128 are kept
+        with pytest.raises(CompanionUnavailable):  # full: refused, not hung
+            Client(load_model(tiny_model_dir("llama", seed=0)), companion=url,
+                   connect_timeout_s=5).generate("hi", max_new_tokens=4, offline="fail")
+        for sock in held:
+            sock.close()
+        held.clear()
+        time.sleep(0.5)
+        client = Client(load_model(tiny_model_dir("llama", seed=0)), companion=url)
+        assert not client.generate("Team offsite", max_new_tokens=8,
+                                   offline="fail").stats.degraded
+        assert proc.poll() is None
+    finally:
+        for sock in held:
+            sock.close()
+        proc.terminate()
+        out, _ = proc.communicate(timeout=30)
+    lines = out.splitlines()
+    assert "Traceback" not in out and "out of system resource" not in out
+    assert len(lines) < 60, out[-3000:]
+    assert sum("refused a connection" in line for line in lines) <= 2 * THROTTLE.per_window
+    assert any(f"at most {limit - FD_RESERVE} connections" in line for line in startup)
