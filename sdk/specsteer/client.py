@@ -143,9 +143,9 @@ class Client:
         tok = self.specialist.tokenizer
         prompt = build_prompt(task, query, hits, count_tokens=tok.count,
                               max_prompt_tokens=self.max_prompt_tokens)
-        system = [Message("system", prompt.system)] if prompt.system else []
-        private_ids = tok.chat_ids([*system, Message("user", prompt.with_context)])
-        public_ids = tok.chat_ids([*system, Message("user", prompt.request)])
+        private_ids, public_ids = (
+            tok.chat_ids([Message(m["role"], m["content"]) for m in prompt.messages(private=p)])
+            for p in (True, False))
         return prompt, DevicePrompt(private_ids=private_ids, public_ids=public_ids)
 
     # -- companion -------------------------------------------------------------------------

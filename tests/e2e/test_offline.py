@@ -16,7 +16,9 @@ from specsteer_companion.endpoint import CompanionEndpoint
 from specsteer_companion.local import LocalChannel
 from specsteer_companion.verifier import Verifier
 
-SUBJECT = "Budget for the next quarter"
+# The tiny random model ends its text wherever its weights say: with this wording (and the task
+# prompt of history/prompts.py) it writes past the reconnect instead of stopping right there.
+SUBJECT = "Budget for next quarter"
 CANARY = "PLV-CANARY-3381-avocet"
 NOW = OfflinePolicy("degrade", first_retry_s=0.0, max_retry_s=0.0)
 

@@ -1,11 +1,15 @@
 """Task prompts of the papers (LaMP, LongLaMP) and ours, with and without the private context.
 
-Owns, per task: which query field it needs, the public request x (context-free user message),
-what to search the history with, and how retrieved records render as the private context c, cut
-per record to fit a token budget. The context-free request must never contain anything from the
-history: it is the only part that may go to the companion. Must not retrieve by itself beyond
-`retrieve` (a thin call of `HistoryStore.search`) and must not load models or tokenizers: token
-counting is a callable the caller passes in.
+Owns, per task: which query field it needs, the public request x (context-free user message that
+states the task, the expected length and that only the text itself is wanted), what to search
+the history with, and how retrieved records become the private context c: earlier chat turns of
+the same task, each the request that record would answer and, as the assistant's reply, the
+user's own text, cut per record to fit a token budget. The public request is a pure function of
+the task and the query: nothing from the history may enter it, since it is the only part that
+may go to the companion. The user's typical length (`length.LengthPolicy`) is measured on the
+retrieved records and stays on the device. Must not retrieve by itself beyond `retrieve` (a thin
+call of `HistoryStore.search`) and must not load models or tokenizers: token counting is a
+callable the caller passes in.
 """
 
 from __future__ import annotations
@@ -17,16 +21,23 @@ from datetime import date, datetime
 from typing import TYPE_CHECKING
 
 from specsteer.errors import InvalidQuery, PromptTooLong, UnknownTask
+from specsteer.history.length import LengthPolicy, length_policy
 from specsteer.history.records import Hit, Record
 from specsteer.history.shared import LAMP7_INSTRUCTION
 
 if TYPE_CHECKING:
     from specsteer.history.store import HistoryStore
 
-DEFAULT_SYSTEM = "You are a writing assistant. Reply with the requested text only."
+DEFAULT_SYSTEM = (
+    "You are a writing assistant who writes as the user. Reply with the requested text itself "
+    "and nothing else."
+)
 DEFAULT_MAX_PROMPT_TOKENS = 1024
+# Chat markup around each message (ChatML: "<|im_start|>", role, newline, "<|im_end|>", newline).
+MESSAGE_OVERHEAD_TOKENS = 5
 ELLIPSIS = "…"
 _WORD_END = re.compile(r"\S+")
+_ONLY = "no title, no heading, no placeholders in brackets, no comments before or after it"
 
 
 def whitespace_tokens(text: str) -> int:
@@ -36,16 +47,19 @@ def whitespace_tokens(text: str) -> int:
 
 @dataclass(frozen=True)
 class Task:
-    """One writing task: its query fields, request template, search text and record rendering."""
+    """One writing task: query fields, public request, search text and examples from records."""
 
     name: str
     origin: str  # where the task format comes from
     kinds: tuple[str, ...]  # record kinds retrieved as context
     fields: tuple[str, ...]  # query keys; the first is required and is what a plain string fills
-    items: str  # "Here are past {items} written by this user"
-    request: Callable[[Mapping[str, str]], str]
+    items: str  # what the user's texts are called: "abstracts", "emails"...
+    request: Callable[[Mapping[str, str]], str]  # the public request (states task and length)
     search_text: Callable[[Mapping[str, str]], str]
-    header: Callable[[Record], str]  # a record's lead-in before its (truncatable) body
+    # (record, its body as it fits) -> (the request it answers, the user's answer): one earlier
+    # turn of the task. The body is the record's truncatable part, in the request or the answer.
+    example: Callable[[Record, str], tuple[str, str]]
+    answer: Callable[[Record], str] = lambda record: record.body  # whole text, for its length
     aliases: Mapping[str, str] = field(default_factory=dict)  # other key -> field
 
 
@@ -55,60 +69,133 @@ class Prompt:
 
     task: str
     request: str  # public request x: the context-free user message
-    private_context: str  # rendered records alone (never leaves the device)
-    with_context: str  # full user message with the context (Specialist P_Sc)
+    private_context: str  # the earlier turns as text (never leaves the device)
+    with_context: str  # the private conversation flattened to text (display, logs, tests)
     system: str  # system message (may be "")
     records: tuple[str, ...]  # ids of the retrieved records used, best first
     truncated: tuple[str, ...]  # ids whose body was cut to fit the budget
-    dropped: tuple[str, ...] = ()  # ids left out entirely: not even their header fitted
-    tokens: int = 0  # system + with_context, as counted by the count_tokens given
+    dropped: tuple[str, ...] = ()  # ids left out entirely: not even their request fitted
+    tokens: int = 0  # the private messages as counted by the count_tokens given, markup included
     budget: int = DEFAULT_MAX_PROMPT_TOKENS
+    examples: tuple[tuple[str, str], ...] = ()  # (request, user's text) turns, best one last
+    private_request: str = ""  # the private view's last user message ("" = `request`)
+    length: LengthPolicy | None = None  # the user's typical length (device only)
 
     def messages(self, *, private: bool = True) -> list[dict[str, str]]:
-        """Chat messages: with the context for the Specialist, without for the companion."""
+        """Chat messages: with the earlier turns for the Specialist, without for the companion."""
         chat = [{"role": "system", "content": self.system}] if self.system else []
-        return [*chat, {"role": "user", "content": self.with_context if private else self.request}]
+        if not private:
+            return [*chat, {"role": "user", "content": self.request}]
+        for request, answer in self.examples:
+            chat += [{"role": "user", "content": request}, {"role": "assistant", "content": answer}]
+        return [*chat, {"role": "user", "content": self.private_request or self.request}]
 
 
 def _quoted(value: str) -> str:
     return '"' + value.strip().replace("\n", " ") + '"'
 
 
-def _labelled(label: str, value: str) -> str:
-    return f"{label}: {value}\n" if value else ""
-
-
-def _rating(record: Record) -> str:
-    rating = record.meta.get("rating", record.meta.get("overall", ""))
-    return _labelled("Rating", str(rating))
-
-
 def _strip_reply(subject: str) -> str:
     return re.sub(r"^\s*((re|fwd?|aw)\s*:\s*)+", "", subject, flags=re.IGNORECASE)
 
 
+def _meta(record: Record, *keys: str) -> str:
+    for key in keys:
+        value = record.meta.get(key)
+        if value not in (None, ""):
+            return str(value)
+    return ""
+
+
+def _abstract_request(q: Mapping[str, str]) -> str:
+    return (
+        f"Write the abstract of your paper titled {_quoted(q['title'])}. Reply with the abstract "
+        f"only, one paragraph of about 100 to 200 words: {_ONLY}."
+    )
+
+
+def _title_request(q: Mapping[str, str]) -> str:
+    return (
+        f"Generate a title for the following abstract of a paper: {q['abstract'].strip()}\n"
+        "Reply with the title only, on one line."
+    )
+
+
 def _review_request(q: Mapping[str, str]) -> str:
-    text = "Generate the review text written by a reviewer"
+    text = (
+        f"Write your customer review of the product {_quoted(q['description'])}, in the first "
+        "person, as the customer who bought it."
+    )
     if q.get("rating"):
-        text += f" who has given an overall rating of {_quoted(q['rating'])}"
-    text += f" for a product with description {_quoted(q['description'])}."
+        text += f" You rated it {q['rating'].strip()} out of 5."
     if q.get("summary"):
-        text += f" The summary of the review text is {_quoted(q['summary'])}."
-    return text
+        text += f" In short, your verdict was {_quoted(q['summary'])}."
+    return text + (
+        " Reply with the review text only, about 100 to 200 words: write the review itself, "
+        f"do not describe it or repeat the product description; {_ONLY}."
+    )
 
 
-def _email_request(q: Mapping[str, str]) -> str:
-    text = f"Write an email with the subject {_quoted(q['subject'])}"
-    if q.get("to"):
-        text += f" to {q['to'].strip()}"
-    if q.get("newsgroup"):
-        text += f" for the newsgroup {q['newsgroup'].strip()}"
-    return text + "."
+def _topic_request(q: Mapping[str, str]) -> str:
+    where = f" in r/{q['subreddit'].strip()}" if q.get("subreddit") else ""
+    return (
+        f"Write your Reddit post{where} about {_quoted(q['summary'])}, in the first person, as "
+        f"its author. Reply with the post text only, about 100 to 300 words: {_ONLY}."
+    )
 
 
 def _tweet_of(value: str) -> str:
     text = value.strip()
     return text[len(LAMP7_INSTRUCTION) :].strip() if text.startswith(LAMP7_INSTRUCTION) else text
+
+
+def _email_request(q: Mapping[str, str]) -> str:
+    text = f"Write your message with the subject {_quoted(q['subject'])}"
+    if q.get("to"):
+        text += f" to {q['to'].strip()}"
+    if q.get("newsgroup"):
+        text += f" for the newsgroup {q['newsgroup'].strip()}"
+    return text + (
+        ". Reply with the body of the message only, usually one to four short paragraphs: no "
+        "subject line, no greeting or signature placeholders in square brackets, no "
+        "comments before or after it."
+    )
+
+
+def _note_request(q: Mapping[str, str]) -> str:
+    return f"Write your note about {_quoted(q['topic'])}. Reply with the note only: {_ONLY}."
+
+
+def _reply_request(q: Mapping[str, str]) -> str:
+    text = "Write your reply"
+    if q.get("to"):
+        text += f" to {q['to'].strip()}"
+    if q.get("subject"):
+        text += f" (subject {_quoted(q['subject'])})"
+    return text + (
+        f" to this message: {_quoted(q['message'])}. Reply with the body of your reply only, "
+        "usually one or two short paragraphs: no subject line, no placeholders in square "
+        "brackets, no comments before or after it."
+    )
+
+
+def _email_example(record: Record, body: str) -> tuple[str, str]:
+    fields = {"subject": record.title or "(no subject)"}
+    if newsgroup := _meta(record, "newsgroup"):
+        fields["newsgroup"] = newsgroup
+    return _email_request(fields), body
+
+
+def _review_example(record: Record, body: str) -> tuple[str, str]:
+    fields = {"description": record.title or "(unnamed product)"}
+    fields["rating"] = _meta(record, "rating", "overall")
+    fields["summary"] = _meta(record, "summary")
+    return _review_request(fields), body
+
+
+def _topic_example(record: Record, body: str) -> tuple[str, str]:
+    fields = {"summary": record.title or "your day", "subreddit": _meta(record, "subreddit")}
+    return _topic_request(fields), body
 
 
 _TASKS: dict[str, Task] = {
@@ -119,32 +206,31 @@ _TASKS: dict[str, Task] = {
             origin="LongLaMP-2 (abstract generation)",
             kinds=("paper",),
             fields=("title",),
-            items="paper titles and abstracts",
-            request=lambda q: f"Generate an abstract for the title {_quoted(q['title'])}.",
+            items="abstracts",
+            request=_abstract_request,
             search_text=lambda q: q["title"],
-            header=lambda r: f"Title: {r.title}\nAbstract: ",
+            example=lambda r, body: (_abstract_request({"title": r.title or "(untitled)"}), body),
         ),
         Task(
             name="title",
             origin="LaMP-5 (scholarly title generation)",
             kinds=("paper",),
             fields=("abstract",),
-            items="paper titles and abstracts",
-            request=lambda q: (
-                f"Generate a title for the following abstract of a paper: {q['abstract'].strip()}"
-            ),
+            items="titles",
+            request=_title_request,
             search_text=lambda q: q["abstract"],
-            header=lambda r: f"Title: {r.title}\nAbstract: ",
+            example=lambda r, body: (_title_request({"abstract": body}), r.title),
+            answer=lambda record: record.title,
         ),
         Task(
             name="review",
             origin="LongLaMP-3 (product review writing)",
             kinds=("review",),
             fields=("description", "rating", "summary"),
-            items="product reviews",
+            items="reviews",
             request=_review_request,
             search_text=lambda q: f"{q['description']} {q.get('summary', '')}",
-            header=lambda r: _labelled("Product", r.title) + _rating(r) + "Review: ",
+            example=_review_example,
             aliases={"product": "description"},
         ),
         Task(
@@ -153,12 +239,9 @@ _TASKS: dict[str, Task] = {
             kinds=("post",),
             fields=("summary", "subreddit"),
             items="posts",
-            request=lambda q: (
-                f"Generate the content for a Reddit post with the summary {_quoted(q['summary'])}"
-                + (f" in r/{q['subreddit'].strip()}." if q.get("subreddit") else ".")
-            ),
+            request=_topic_request,
             search_text=lambda q: q["summary"],
-            header=lambda r: _labelled("Title", r.title) + ("Post: " if r.title else ""),
+            example=_topic_example,
             aliases={"title": "summary"},
         ),
         Task(
@@ -169,7 +252,8 @@ _TASKS: dict[str, Task] = {
             items="tweets",
             request=lambda q: f"{LAMP7_INSTRUCTION} {_tweet_of(q['tweet'])}",
             search_text=lambda q: _tweet_of(q["tweet"]),
-            header=lambda r: "",
+            # The tweet an earlier one paraphrased is not kept: ask for a tweet of one's own.
+            example=lambda r, body: ("Write one of your tweets.", body),
             aliases={"text": "tweet", "input": "tweet"},
         ),
         Task(
@@ -177,11 +261,33 @@ _TASKS: dict[str, Task] = {
             origin="SpecSteer app task (newsgroup posts as email)",
             kinds=("email",),
             fields=("subject", "to", "newsgroup"),
-            items="emails",
+            items="messages",
             request=_email_request,
             search_text=lambda q: _strip_reply(q["subject"]),
-            header=lambda r: f"Subject: {r.title}\n",
+            example=_email_example,
             aliases={"title": "subject"},
+        ),
+        Task(
+            name="note",
+            origin="SpecSteer app task (personal notes)",
+            kinds=("note",),
+            fields=("topic",),
+            items="notes",
+            request=_note_request,
+            search_text=lambda q: q["topic"],
+            example=lambda r, body: (_note_request({"topic": r.title or "(untitled)"}), body),
+            aliases={"title": "topic", "subject": "topic"},
+        ),
+        Task(
+            name="reply",
+            origin="SpecSteer app task (email reply)",
+            kinds=("email",),
+            fields=("message", "subject", "to"),
+            items="messages",
+            request=_reply_request,
+            search_text=lambda q: f"{_strip_reply(q.get('subject', ''))} {q['message']}",
+            example=_email_example,  # the user's own messages: their voice when writing back
+            aliases={"text": "message", "body": "message"},
         ),
     )
 }
@@ -225,13 +331,19 @@ def query_text(task: str, query: Mapping[str, object] | str) -> str:
 
 
 def request_text(task: str, query: Mapping[str, object] | str) -> str:
-    """The public, context-free request for this query item."""
+    """The public, context-free request for this query item: a function of task and query only."""
     spec = get_task(task)
     return spec.request(_query_fields(spec, query))
 
 
-def _lcfirst(text: str) -> str:
-    return text[:1].lower() + text[1:]
+def private_request_text(request: str, items: str, length: LengthPolicy | None) -> str:
+    """The private view's last user message: the request, then the user's typical length."""
+    if length is None:
+        return request
+    return (
+        f"{request} Write it in the same voice as your earlier {items}, at about their usual "
+        f"length (about {length.median_words} words)."
+    )
 
 
 def _truncate(text: str, limit: int, count_tokens: Callable[[str], int]) -> str:
@@ -261,30 +373,32 @@ def _fair_shares(needs: Sequence[int], available: int) -> list[int]:
 
 
 class _Renderer:
-    """Renders one task's context for a list of (record, body) and counts the whole prompt."""
+    """Renders one task's earlier turns for a list of (record, body) and counts the messages."""
 
     def __init__(
-        self, task: Task, request: str, system: str, count_tokens: Callable[[str], int]
+        self, task: Task, request: str, final: str, system: str, count_tokens: Callable[[str], int]
     ) -> None:
-        self.task, self.request, self.system, self.count = task, request, system, count_tokens
+        self.task, self.request, self.final = task, request, final
+        self.system, self.count = system, count_tokens
 
-    def context(self, entries: Sequence[tuple[Record, str]]) -> str:
-        if not entries:
-            return ""
-        items = [
-            f"[{number}] {self.task.header(record)}{body}".rstrip()
-            for number, (record, body) in enumerate(entries, start=1)
-        ]
-        return "\n\n".join([f"Here are past {self.task.items} written by this user:", *items])
+    def examples(self, entries: Sequence[tuple[Record, str]]) -> list[tuple[str, str]]:
+        # Best-ranked record last: the example nearest the request weighs most.
+        return [self.task.example(record, body) for record, body in reversed(entries)]
 
-    def message(self, context: str) -> str:
-        if not context:
-            return self.request
-        return f"{context}\n\nFollowing their style, {_lcfirst(self.request)}"
+    def last(self, entries: Sequence[tuple[Record, str]]) -> str:
+        """The last user message: with the user's length when there are earlier turns."""
+        return self.final if entries else self.request
 
     def tokens(self, entries: Sequence[tuple[Record, str]]) -> int:
-        system = self.count(self.system) if self.system else 0
-        return system + self.count(self.message(self.context(entries)))
+        texts = [self.system] if self.system else []
+        for request, answer in self.examples(entries):
+            texts += [request, answer]
+        texts.append(self.last(entries))
+        return sum(self.count(text) + MESSAGE_OVERHEAD_TOKENS for text in texts)
+
+
+def _transcript(examples: Sequence[tuple[str, str]]) -> str:
+    return "\n\n".join(f"User: {request}\nAssistant: {answer}" for request, answer in examples)
 
 
 def build_prompt(
@@ -299,32 +413,35 @@ def build_prompt(
 ) -> Prompt:
     """The task's prompt with and without the retrieved records, fitted to a token budget.
 
-    Records keep their rank order. Every record's header (title, subject...) is kept when it
-    fits; bodies share the remaining budget (short ones whole, long ones cut with an ellipsis,
-    listed in `truncated`); when even the headers do not fit, the lowest-ranked records are left
-    out and listed in `dropped`.
-    `per_record_tokens` caps each body even when the budget would allow more.
+    Each record becomes an earlier turn of the task (its request, then the user's text as the
+    reply), best-ranked last. Records keep their rank order in `records`. Every turn's request is
+    kept when it fits; bodies share the remaining budget (short ones whole, long ones cut with
+    an ellipsis, listed in `truncated`); when even the requests do not fit, the lowest-ranked
+    records are left out and listed in `dropped`. `per_record_tokens` caps each body even when
+    the budget would allow more. `length` is measured on the retrieved records' whole texts.
     """
     spec = get_task(task)
-    renderer = _Renderer(spec, spec.request(_query_fields(spec, query)), system, count_tokens)
-    base = renderer.tokens([])
-    if base > max_prompt_tokens:
-        raise PromptTooLong(
-            f"the {task} request alone counts {base} tokens, over max_prompt_tokens="
-            f"{max_prompt_tokens}; raise the budget or shorten the query"
-        )
+    request = spec.request(_query_fields(spec, query))
     records: list[Record] = []
     for hit in hits:
         record = hit.record if isinstance(hit, Hit) else hit
         if record.id not in {kept.id for kept in records}:
             records.append(record)
+    length = length_policy([spec.answer(record) for record in records], count_tokens)
+    final = private_request_text(request, spec.items, length)
+    renderer = _Renderer(spec, request, final, system, count_tokens)
+    public = renderer.tokens([])
+    if public > max_prompt_tokens:
+        raise PromptTooLong(
+            f"the {task} request alone counts {public} tokens, over max_prompt_tokens="
+            f"{max_prompt_tokens}; raise the budget or shorten the query"
+        )
     ranked = [record.id for record in records]
     while records and renderer.tokens([(r, "") for r in records]) > max_prompt_tokens:
         records.pop()
     needs = [count_tokens(record.body) for record in records]
     caps = [need if per_record_tokens is None else min(need, per_record_tokens) for need in needs]
-    headers_only = renderer.tokens([(r, "") for r in records])
-    shares = _fair_shares(caps, max_prompt_tokens - headers_only)
+    shares = _fair_shares(caps, max_prompt_tokens - renderer.tokens([(r, "") for r in records]))
 
     def body(index: int) -> str:
         record = records[index]
@@ -344,19 +461,23 @@ def build_prompt(
     while entries and renderer.tokens(entries) > max_prompt_tokens:
         entries.pop()
     used = {record.id for record, _ in entries}
-    context = renderer.context(entries)
-    message = renderer.message(context)
+    examples = tuple(renderer.examples(entries))
+    private_request = renderer.last(entries)
+    context = _transcript(examples)
     return Prompt(
         task=task,
-        request=renderer.request,
+        request=request,
         private_context=context,
-        with_context=message,
+        with_context=f"{context}\n\nUser: {private_request}" if context else request,
         system=system,
         records=tuple(record.id for record, _ in entries),
         truncated=tuple(record.id for record, text in entries if text != record.body),
         dropped=tuple(record_id for record_id in ranked if record_id not in used),
         tokens=renderer.tokens(entries),
         budget=max_prompt_tokens,
+        examples=examples,
+        private_request=private_request,
+        length=length if entries else None,
     )
 
 
