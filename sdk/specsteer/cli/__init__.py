@@ -14,7 +14,10 @@ app = typer.Typer(
 )
 
 # (module, group name); a module defines `app` (a group) or `register(app)` (top-level commands).
-_GROUPS = [("models", "models"), ("history", "history"), ("generate", None), ("eval", None)]
+_GROUPS = [
+    ("models", "models"), ("history", "history"), ("generate", None), ("eval", None),
+    ("bridge", None),
+]
 
 for _module_name, _group in _GROUPS:
     try:
