@@ -52,6 +52,7 @@ class _Generation:
 
     id: RequestId
     respond: Respond
+    notify: Notify
     cancel: threading.Event = field(default_factory=threading.Event)
     done: threading.Event = field(default_factory=threading.Event)  # its worker has finished
     pieces: list[Piece] = field(default_factory=list)
@@ -72,6 +73,7 @@ class Bridge:
         self.generations = 0
         self.last_mode: str | None = None
         self.stopping = False
+        self.http_url: str | None = None  # the OpenAI-style endpoint, when one is served
         self._running: _Generation | None = None
         self._lock = threading.Lock()
         self._history_thread = ThreadPoolExecutor(1, thread_name_prefix="bridge-history")
@@ -110,7 +112,7 @@ class Bridge:
                 if request_id is None:
                     raise BridgeError(INVALID_REQUEST, "generate needs an id (it was sent as a "
                                       "notification)")
-                self._start_generation(request_id, params, respond)
+                self.start_generation(request_id, params, respond, self.notify)
                 return
             if method in self._history:
                 self._run_history(method, params, respond)
@@ -128,6 +130,7 @@ class Bridge:
             "specialist": self.client.specialist.name,
             "companion": self.companion,
             "history": history.location if history is not None else None,
+            "http": self.http_url,
             "methods": self.methods,
             "notifications": NOTIFICATIONS,
             "capabilities": {
@@ -150,15 +153,20 @@ class Bridge:
             "companion": self.companion,
             "last_mode": self.last_mode,
             "history": history.location if history is not None else None,
+            "http": self.http_url,
         }
 
     def cancel(self, params: dict[str, Any]) -> dict[str, bool]:
+        return {"cancelled": self.cancel_generation(params["id"])}
+
+    def cancel_generation(self, request_id: RequestId) -> bool:
+        """Answer generation `request_id` as cancelled now; False if it is not running."""
         running = self._running
-        if running is None or running.id != params["id"] or running.answered:
-            return {"cancelled": False}
+        if running is None or running.id != request_id or running.answered:
+            return False
         running.cancel.set()
         self._answer(running, _cancelled(running.pieces), None)
-        return {"cancelled": True}
+        return True
 
     def shutdown(self, params: dict[str, Any]) -> dict[str, Any]:
         self.stopping = True
@@ -190,14 +198,15 @@ class Bridge:
         self._history_thread.submit(run)
 
     # -- generation ------------------------------------------------------------------------------
-    def _start_generation(self, request_id: RequestId, params: dict[str, Any],
-                          respond: Respond) -> None:
+    def start_generation(self, request_id: RequestId, params: dict[str, Any],
+                         respond: Respond, notify: Notify) -> None:
+        """Run a generate (params already checked) on a worker; BUSY if one is running."""
         with self._lock:
             previous = self._running
             if previous is not None and not previous.answered:
                 raise BridgeError(BUSY, f"generation {previous.id!r} is still running; wait for "
                                   "its answer or cancel it", running=previous.id)
-            generation = _Generation(request_id, respond)
+            generation = _Generation(request_id, respond, notify)
             self._running = generation
             self.generations += 1
         threading.Thread(target=self._generate, args=(generation, params, previous),
@@ -259,7 +268,7 @@ class Bridge:
         """A notification of this generation, unless it was already answered (cancelled)."""
         with generation.lock:
             if not generation.answered:
-                self.notify(method, {"id": generation.id, **params})
+                generation.notify(method, {"id": generation.id, **params})
 
     @staticmethod
     def _answer(generation: _Generation, result: Any, error: BridgeError | None) -> None:

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import sys
+import threading
 from typing import Any, BinaryIO
 
 from specsteer.bridge.errors import (
@@ -43,6 +45,19 @@ def serve(bridge_factory: Any, stdin: BinaryIO, writer: FrameWriter, max_line_by
             _receive(bridge, writer, frame.value)
             if bridge.stopping:
                 break
+    finally:
+        bridge.close()
+    log.info("bridge stopped")
+
+
+def serve_until_signal(bridge_factory: Any, writer: FrameWriter) -> None:
+    """Without stdio (`--no-stdio`): keep the bridge (and its HTTP server) up until SIGINT/TERM."""
+    stop = threading.Event()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, lambda *_: stop.set())
+    bridge: Bridge = bridge_factory(lambda method, params: None)
+    try:
+        stop.wait()
     finally:
         bridge.close()
     log.info("bridge stopped")

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import logging
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -36,20 +37,45 @@ def register(app: typer.Typer) -> None:
         max_line_bytes: Annotated[
             int, typer.Option(min=1024, help="Longest accepted request line")
         ] = 1 << 20,
+        http: Annotated[
+            str | None, typer.Option(help="Also serve OpenAI-style HTTP on HOST:PORT (loopback)")
+        ] = None,
+        http_token_file: Annotated[
+            Path | None, typer.Option(help="Bearer token file (default $SPECSTEER_HOME/"
+                                      "bridge-token; created with a random token if missing)")
+        ] = None,
+        allow_remote: Annotated[
+            bool, typer.Option(help="Let --http bind a non-loopback address")
+        ] = False,
+        stdio: Annotated[
+            bool, typer.Option(help="Serve JSON-RPC on stdio; --no-stdio (with --http) serves "
+                               "until SIGINT/SIGTERM")
+        ] = True,
         log_level: Annotated[str, typer.Option(help="stderr log level")] = "INFO",
     ) -> None:
         """Serve JSON-RPC 2.0 on stdin/stdout until stdin closes (docs/bindings.md)."""
         from specsteer.bridge.handlers import Bridge
+        from specsteer.bridge.http import OpenAIServer, parse_address, read_token
         from specsteer.bridge.schemas import schema_names
-        from specsteer.bridge.server import claim_stdout, serve
+        from specsteer.bridge.server import claim_stdout, serve, serve_until_signal
         from specsteer.client import Client
         from specsteer.errors import SpecSteerError
         from specsteer.history import HistoryStore
+        from specsteer.models.registry import home
 
         writer = claim_stdout()
         logging.basicConfig(stream=sys.stderr, level=log_level.upper(),
                             format="%(asctime)s specsteer-bridge %(levelname)s %(message)s")
         schema_names()  # fail now, not on the first request, if the schemas are missing
+        if not stdio and http is None:
+            raise typer.BadParameter("--no-stdio needs --http")
+        try:
+            address = parse_address(http, allow_remote) if http is not None else None
+            bearer = read_token(http_token_file or home() / "bridge-token") \
+                if http is not None else ""
+        except (ValueError, OSError) as exc:
+            print(f"specsteer bridge: {exc}", file=sys.stderr)
+            raise typer.Exit(2) from None
         try:
             store = None if history is None \
                 else HistoryStore(history, busy_timeout_s=history_timeout_s)
@@ -61,6 +87,21 @@ def register(app: typer.Typer) -> None:
         logging.getLogger("specsteer.bridge").info(
             "ready: specialist %s, history %s, companion %s", client.specialist.name,
             history, companion)
-        serve(lambda notify: Bridge(client, notify, max_line_bytes=max_line_bytes,
-                                    companion=companion),
-              sys.stdin.buffer, writer, max_line_bytes)
+
+        def make_bridge(notify: Callable[[str, dict[str, Any]], None]) -> Bridge:
+            bridge = Bridge(client, notify, max_line_bytes=max_line_bytes, companion=companion)
+            if address is not None:
+                try:
+                    server = OpenAIServer(address, bridge, bearer)
+                except OSError as exc:
+                    print(f"specsteer bridge: cannot serve --http {http}: {exc}", file=sys.stderr)
+                    raise typer.Exit(2) from None
+                server.start()
+                bridge.http_url = server.url
+                logging.getLogger("specsteer.bridge").info("http ready: %s", server.url)
+            return bridge
+
+        if stdio:
+            serve(make_bridge, sys.stdin.buffer, writer, max_line_bytes)
+        else:
+            serve_until_signal(make_bridge, writer)
