@@ -254,6 +254,13 @@ class Bridge:
         if generation.cancel.is_set():
             return
         result = out[0]
+        streamed = "".join(piece.text for piece in generation.pieces)
+        if len(result.text) > len(streamed) and result.text.startswith(streamed):
+            # the stream holds back an incomplete UTF-8 character; the final text keeps it
+            self._send(generation, "generate.piece", {
+                "text": result.text[len(streamed):], "token": result.tokens[-1],
+                "provenance": result.provenance[-1],
+                "round": generation.pieces[-1].round if generation.pieces else 0})
         stats = stats_json(result)
         self._send(generation, "generate.stats", {"stats": stats})
         limit = params.get("max_new_tokens", Params.max_new_tokens)
