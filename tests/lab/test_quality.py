@@ -6,6 +6,7 @@ import math
 
 import numpy as np
 import pytest
+
 from specsteer_lab.quality import (
     cosine,
     history_profile,

@@ -18,7 +18,7 @@ app = typer.Typer(
 )
 
 # (module, group name); a module defines `app` (a group) or `register(app)` (top-level commands).
-_GROUPS = [("models", "models"), ("history", "history"), ("generate", None)]
+_GROUPS = [("models", "models"), ("history", "history"), ("generate", None), ("bridge", None)]
 
 for _module_name, _group in _GROUPS:
     _module = importlib.import_module(f"specsteer.cli.{_module_name}")

@@ -1,0 +1,101 @@
+"""The bridge's JSON-RPC error codes and the one exception type handlers raise.
+
+Codes from -32700 to -32600 are JSON-RPC 2.0's own; -32000 to -32099 are SpecSteer's application
+codes. They are stable: a code keeps its meaning in every protocol version (docs/bindings.md).
+Every error object carries `data.reason`, a short machine-readable name of the failure.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from specsteer.errors import (
+    CompanionError,
+    CompanionUnavailable,
+    HistoryCorrupt,
+    HistoryError,
+    HistoryLocked,
+    InvalidRecord,
+    ModelError,
+    RecordNotFound,
+    SpecSteerError,
+)
+
+PARSE_ERROR = -32700
+INVALID_REQUEST = -32600
+METHOD_NOT_FOUND = -32601
+INVALID_PARAMS = -32602
+INTERNAL_ERROR = -32603
+LINE_TOO_LONG = -32001
+BUSY = -32020  # a generate is already running (concurrent generate calls are refused)
+NOT_AVAILABLE = -32030  # a method of the protocol this build does not provide yet
+SHUTTING_DOWN = -32031
+HISTORY_LOCKED = -32040
+HISTORY_ERROR = -32041
+RECORD_NOT_FOUND = -32042
+INVALID_RECORD = -32043
+NO_HISTORY = -32044
+HISTORY_CORRUPT = -32045
+COMPANION_UNAVAILABLE = -32050
+COMPANION_ERROR = -32051
+MODEL_ERROR = -32060
+GENERATION_FAILED = -32061
+
+CODES: dict[int, str] = {
+    PARSE_ERROR: "parse_error",
+    INVALID_REQUEST: "invalid_request",
+    METHOD_NOT_FOUND: "method_not_found",
+    INVALID_PARAMS: "invalid_params",
+    INTERNAL_ERROR: "internal_error",
+    LINE_TOO_LONG: "line_too_long",
+    BUSY: "busy",
+    NOT_AVAILABLE: "not_available",
+    SHUTTING_DOWN: "shutting_down",
+    HISTORY_LOCKED: "history_locked",
+    HISTORY_ERROR: "history_error",
+    RECORD_NOT_FOUND: "record_not_found",
+    INVALID_RECORD: "invalid_record",
+    NO_HISTORY: "no_history",
+    HISTORY_CORRUPT: "history_corrupt",
+    COMPANION_UNAVAILABLE: "companion_unavailable",
+    COMPANION_ERROR: "companion_error",
+    MODEL_ERROR: "model_error",
+    GENERATION_FAILED: "generation_failed",
+}
+
+
+class BridgeError(Exception):
+    """A failure answered as a JSON-RPC error object."""
+
+    def __init__(self, code: int, message: str, **data: Any) -> None:
+        super().__init__(message)
+        self.code = code
+        self.data = {"reason": CODES[code], **data}
+
+    def to_json(self) -> dict[str, Any]:
+        return {"code": self.code, "message": str(self), "data": self.data}
+
+
+# most specific first: the first matching type gives the code
+_SDK_CODES: tuple[tuple[type[BaseException], int], ...] = (
+    (HistoryLocked, HISTORY_LOCKED),
+    (RecordNotFound, RECORD_NOT_FOUND),
+    (InvalidRecord, INVALID_RECORD),
+    (HistoryCorrupt, HISTORY_CORRUPT),
+    (HistoryError, HISTORY_ERROR),
+    (CompanionUnavailable, COMPANION_UNAVAILABLE),
+    (CompanionError, COMPANION_ERROR),
+    (ModelError, MODEL_ERROR),
+    (SpecSteerError, GENERATION_FAILED),
+    (ValueError, INVALID_PARAMS),
+)
+
+
+def from_exception(exc: BaseException) -> BridgeError:
+    """The error object for an exception the SDK raised (unexpected ones are internal errors)."""
+    if isinstance(exc, BridgeError):
+        return exc
+    for kind, code in _SDK_CODES:
+        if isinstance(exc, kind):
+            return BridgeError(code, str(exc))
+    return BridgeError(INTERNAL_ERROR, f"{type(exc).__name__}: {exc}")

@@ -1,0 +1,343 @@
+"""The bridge's methods: one `Client` (models loaded once, history store, companion link).
+
+`Bridge.call` runs a method on validated params and answers through a callback, which a method
+may call later and from another thread: `generate` runs on a worker thread of its own and streams
+`generate.piece` / `generate.mode` / `generate.stats` notifications; `history.*` run on one
+history thread, so a locked database never stalls `cancel` or `status`. One generation at a time:
+a second `generate` while one runs is refused with BUSY (the caller decides whether to wait).
+`cancel` answers the generation at once with the text so far (finish_reason "cancelled"); its
+worker stops at the next cancellation point (between tokens) and frees the model before the next
+generation starts.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from specsteer import __version__
+from specsteer.bridge.errors import (
+    BUSY,
+    INVALID_REQUEST,
+    NO_HISTORY,
+    NOT_AVAILABLE,
+    RECORD_NOT_FOUND,
+    BridgeError,
+    from_exception,
+)
+from specsteer.bridge.schemas import PROTOCOL_VERSION, check_params
+from specsteer.client import Client, Piece, Result
+from specsteer.device import PRESETS, ModeChange, Params
+from specsteer.history import HistoryStore, task_names
+
+log = logging.getLogger("specsteer.bridge")
+RequestId = str | int
+Respond = Callable[[Any, BridgeError | None], None]  # (result, error): exactly one is used
+Notify = Callable[[str, dict[str, Any]], None]
+
+NOTIFICATIONS = ["generate.piece", "generate.mode", "generate.stats"]
+# decoding options passed to Client.stream as they are (`query` and `task` are positional)
+_STREAM_OPTIONS = ("preset", "stop", "offline", "before", "method", "max_new_tokens",
+                   "temperature", "gamma", "alpha", "k", "adaptive_k", "top_k", "top_p", "seed")
+
+
+@dataclass
+class _Generation:
+    """One generate request: its cancel flag, what it streamed, whether it was answered."""
+
+    id: RequestId
+    respond: Respond
+    notify: Notify
+    cancel: threading.Event = field(default_factory=threading.Event)
+    done: threading.Event = field(default_factory=threading.Event)  # its worker has finished
+    pieces: list[Piece] = field(default_factory=list)
+    answered: bool = False
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+class Bridge:
+    """Method handlers over one Client; `notify` sends a notification frame."""
+
+    def __init__(self, client: Client, notify: Notify, *, max_line_bytes: int,
+                 companion: str | None = None) -> None:
+        self.client = client
+        self.notify = notify
+        self.max_line_bytes = max_line_bytes
+        self.companion = companion
+        self.started = time.monotonic()
+        self.generations = 0
+        self.last_mode: str | None = None
+        self.stopping = False
+        self.http_url: str | None = None  # the OpenAI-style endpoint, when one is served
+        self._running: _Generation | None = None
+        self._lock = threading.Lock()
+        self._history_thread = ThreadPoolExecutor(1, thread_name_prefix="bridge-history")
+        self._methods: dict[str, Callable[[dict[str, Any]], Any]] = {
+            "initialize": self.initialize,
+            "status": self.status,
+            "cancel": self.cancel,
+            "shutdown": self.shutdown,
+        }
+        self._history: dict[str, Callable[[HistoryStore, dict[str, Any]], Any]] = {
+            "history.add": _history_add,
+            "history.search": _history_search,
+            "history.list": _history_list,
+            "history.delete": _history_delete,
+            "history.forget": _history_forget,
+            "history.stats": lambda store, _: store.stats(),
+        }
+
+    @property
+    def methods(self) -> list[str]:
+        return [*self._methods, "generate", *self._history, "prepare"]
+
+    def knows(self, method: str) -> bool:
+        return method in self.methods
+
+    # -- dispatch ------------------------------------------------------------------------------
+    def call(self, request_id: RequestId | None, method: str, params: Any,
+             respond: Respond) -> None:
+        """Run `method`; `respond` gets its result or error (now or later, from any thread)."""
+        try:
+            if method == "prepare":
+                raise BridgeError(NOT_AVAILABLE, "method not available yet: prepare comes with "
+                                  "a later protocol revision", method=method)
+            params = check_params(method, params)
+            if method == "generate":
+                if request_id is None:
+                    raise BridgeError(INVALID_REQUEST, "generate needs an id (it was sent as a "
+                                      "notification)")
+                self.start_generation(request_id, params, respond, self.notify)
+                return
+            if method in self._history:
+                self._run_history(method, params, respond)
+                return
+            respond(self._methods[method](params), None)
+        except Exception as exc:  # every failure becomes an error object, never a dead bridge
+            respond(None, _logged(method, exc))
+
+    # -- plain methods ---------------------------------------------------------------------------
+    def initialize(self, params: dict[str, Any]) -> dict[str, Any]:
+        history = self.client.history
+        return {
+            "protocol_version": PROTOCOL_VERSION,
+            "package_version": __version__,
+            "specialist": self.client.specialist.name,
+            "companion": self.companion,
+            "history": history.location if history is not None else None,
+            "http": self.http_url,
+            "methods": self.methods,
+            "notifications": NOTIFICATIONS,
+            "capabilities": {
+                "cancel": True,
+                "concurrent_generate": "refuse",
+                "max_line_bytes": self.max_line_bytes,
+                "tasks": task_names(),
+                "presets": list(PRESETS),
+                "offline": ["degrade", "fail", "wait(SECONDS)"],
+            },
+        }
+
+    def status(self, params: dict[str, Any]) -> dict[str, Any]:
+        running = self._running
+        history = self.client.history
+        return {
+            "generating": running.id if running is not None and not running.answered else None,
+            "uptime_s": round(time.monotonic() - self.started, 3),
+            "generations": self.generations,
+            "companion": self.companion,
+            "last_mode": self.last_mode,
+            "history": history.location if history is not None else None,
+            "http": self.http_url,
+        }
+
+    def cancel(self, params: dict[str, Any]) -> dict[str, bool]:
+        return {"cancelled": self.cancel_generation(params["id"])}
+
+    def cancel_generation(self, request_id: RequestId) -> bool:
+        """Answer generation `request_id` as cancelled now; False if it is not running."""
+        running = self._running
+        if running is None or running.id != request_id or running.answered:
+            return False
+        running.cancel.set()
+        self._answer(running, _cancelled(running.pieces), None)
+        return True
+
+    def shutdown(self, params: dict[str, Any]) -> dict[str, Any]:
+        self.stopping = True
+        return {}
+
+    def close(self, wait_s: float = 5.0) -> None:
+        """Cancel a running generation and wait (bounded) for the workers to stop."""
+        running = self._running
+        if running is not None:
+            running.cancel.set()
+            self._answer(running, _cancelled(running.pieces), None)
+            if not running.done.wait(wait_s):
+                log.warning("the generation worker did not stop within %.1f s", wait_s)
+        self._history_thread.shutdown(wait=True, cancel_futures=True)
+
+    # -- history ---------------------------------------------------------------------------------
+    def _run_history(self, method: str, params: dict[str, Any], respond: Respond) -> None:
+        store = self.client.history
+        if store is None:
+            raise BridgeError(NO_HISTORY, "the bridge runs without a history store; start it "
+                              "with --history PATH")
+
+        def run() -> None:
+            try:
+                respond(self._history[method](store, params), None)
+            except Exception as exc:
+                respond(None, _logged(method, exc))
+
+        self._history_thread.submit(run)
+
+    # -- generation ------------------------------------------------------------------------------
+    def start_generation(self, request_id: RequestId, params: dict[str, Any],
+                         respond: Respond, notify: Notify) -> None:
+        """Run a generate (params already checked) on a worker; BUSY if one is running."""
+        with self._lock:
+            previous = self._running
+            if previous is not None and not previous.answered:
+                raise BridgeError(BUSY, f"generation {previous.id!r} is still running; wait for "
+                                  "its answer or cancel it", running=previous.id)
+            generation = _Generation(request_id, respond, notify)
+            self._running = generation
+            self.generations += 1
+        threading.Thread(target=self._generate, args=(generation, params, previous),
+                         name=f"bridge-generate-{request_id}", daemon=True).start()
+
+    def _generate(self, generation: _Generation, params: dict[str, Any],
+                  previous: _Generation | None) -> None:
+        try:
+            if previous is not None:
+                previous.done.wait()  # a cancelled run still winding down holds the model
+            if generation.cancel.is_set():
+                return
+            self._decode(generation, params)
+        except Exception as exc:
+            self._answer(generation, None, _logged("generate", exc))
+        finally:
+            generation.done.set()
+            with self._lock:
+                if self._running is generation:
+                    self._running = None
+
+    def _decode(self, generation: _Generation, params: dict[str, Any]) -> None:
+        options = {name: params[name] for name in _STREAM_OPTIONS if name in params}
+        if options.get("preset") == "default":
+            options.pop("preset")
+        out: list[Result] = []
+
+        def on_mode(change: ModeChange) -> None:
+            self.last_mode = change.mode
+            self._send(generation, "generate.mode", {
+                "mode": change.mode, "tokens": change.tokens, "reason": change.reason})
+
+        stream = self.client.stream(params["query"], task=params.get("task", "email"),
+                                    result=out, on_mode=on_mode, **options)
+        try:
+            for piece in stream:
+                if generation.cancel.is_set():
+                    return
+                generation.pieces.append(piece)
+                self._send(generation, "generate.piece", {
+                    "text": piece.text, "token": piece.token, "provenance": piece.provenance,
+                    "round": piece.round})
+        finally:
+            stream.close()  # a cancelled run stops here: the decoder's sessions are closed
+        if generation.cancel.is_set():
+            return
+        result = out[0]
+        streamed = "".join(piece.text for piece in generation.pieces)
+        if len(result.text) > len(streamed) and result.text.startswith(streamed):
+            # the stream holds back an incomplete UTF-8 character; the final text keeps it
+            self._send(generation, "generate.piece", {
+                "text": result.text[len(streamed):], "token": result.tokens[-1],
+                "provenance": result.provenance[-1],
+                "round": generation.pieces[-1].round if generation.pieces else 0})
+        stats = stats_json(result)
+        self._send(generation, "generate.stats", {"stats": stats})
+        limit = params.get("max_new_tokens", Params.max_new_tokens)
+        self._answer(generation, {
+            "text": result.text,
+            "provenance": result.provenance,
+            "finish_reason": "length" if len(result.tokens) >= limit else "stop",
+            "stats": stats,
+        }, None)
+
+    def _send(self, generation: _Generation, method: str, params: dict[str, Any]) -> None:
+        """A notification of this generation, unless it was already answered (cancelled)."""
+        with generation.lock:
+            if not generation.answered:
+                generation.notify(method, {"id": generation.id, **params})
+
+    @staticmethod
+    def _answer(generation: _Generation, result: Any, error: BridgeError | None) -> None:
+        with generation.lock:
+            if generation.answered:
+                return
+            generation.answered = True
+        generation.respond(result, error)
+
+
+def stats_json(result: Result) -> dict[str, Any]:
+    """GenerationStats as JSON (tuples as lists, bytes_per_token included)."""
+    stats = {k: list(v) if isinstance(v, tuple) else v for k, v in vars(result.stats).items()}
+    stats["bytes_per_token"] = result.stats.bytes_per_token
+    return stats
+
+
+def _cancelled(pieces: list[Piece]) -> dict[str, Any]:
+    return {"text": "".join(p.text for p in pieces), "provenance": [p.provenance for p in pieces],
+            "finish_reason": "cancelled", "stats": None}
+
+
+def _logged(method: str, exc: Exception) -> BridgeError:
+    error = from_exception(exc)
+    if error.data["reason"] == "internal_error":
+        log.exception("%s failed", method)
+    else:
+        log.info("%s: %s", method, error)
+    return error
+
+
+def _history_add(store: HistoryStore, params: dict[str, Any]) -> dict[str, Any]:
+    fields = {"source": "bridge", **params}
+    return {"record": store.add(**fields).to_dict()}
+
+
+def _history_search(store: HistoryStore, params: dict[str, Any]) -> dict[str, Any]:
+    hits = store.search(params["query"], params.get("k", 5), kinds=params.get("kinds"),
+                        before=params.get("before"))
+    return {"hits": [{"score": hit.score, "record": hit.record.to_dict()} for hit in hits]}
+
+
+def _history_list(store: HistoryStore, params: dict[str, Any]) -> dict[str, Any]:
+    records = store.list(params.get("kinds"), params.get("limit", 20),
+                         before=params.get("before"), offset=params.get("offset", 0))
+    return {"records": [record.to_dict() for record in records]}
+
+
+def _history_delete(store: HistoryStore, params: dict[str, Any]) -> dict[str, Any]:
+    ids = list(dict.fromkeys(params["ids"]))
+    missing = [record_id for record_id in ids if record_id not in store]
+    if missing:
+        raise BridgeError(RECORD_NOT_FOUND, f"no records with ids {missing}; nothing deleted",
+                          missing=missing)
+    for record_id in ids:
+        store.delete(record_id)
+    return {"deleted": ids}
+
+
+def _history_forget(store: HistoryStore, params: dict[str, Any]) -> dict[str, Any]:
+    if params.get("all"):
+        count = len(store)
+        store.wipe()
+        return {"deleted": count}
+    return {"deleted": store.forget(kind=params.get("kinds"), before=params.get("before"))}

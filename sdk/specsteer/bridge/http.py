@@ -1,0 +1,283 @@
+"""`specsteer bridge --http`: an OpenAI-compatible loopback endpoint over the bridge's Client.
+
+`GET /v1/models` and `POST /v1/chat/completions` (with `stream: true` as server-sent events),
+on the standard library's threading HTTP server. Every request needs `Authorization: Bearer
+TOKEN`, the token being the content of a local file (created owner-only with a random token when
+missing). The server binds loopback addresses only unless `allow_remote`, and checks the Host
+header so a web page cannot reach it by DNS rebinding. Generations share the stdio bridge's
+one-at-a-time rule (a busy bridge answers 429). Each text delta carries its provenance in the
+extension field `specsteer`; the last chunk (or the whole completion) carries the stats.
+"""
+
+from __future__ import annotations
+
+import hmac
+import ipaddress
+import json
+import logging
+import os
+import queue
+import secrets
+import threading
+import time
+import uuid
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+from specsteer.bridge.errors import BUSY, INVALID_PARAMS, BridgeError
+from specsteer.bridge.handlers import Bridge
+from specsteer.bridge.schemas import check_params
+
+log = logging.getLogger("specsteer.bridge.http")
+MAX_BODY_BYTES = 1 << 20
+# chat-completions fields mapped onto generate params; others are accepted and ignored
+_FIELDS = {"max_tokens": "max_new_tokens", "max_completion_tokens": "max_new_tokens",
+           "temperature": "temperature", "top_p": "top_p", "seed": "seed"}
+
+
+def parse_address(text: str, allow_remote: bool) -> tuple[str, int]:
+    """HOST:PORT; a host that is not loopback is refused unless `allow_remote`."""
+    host, sep, port = text.rpartition(":")
+    host = host.strip("[]")
+    if not sep or not host or not port.isdigit() or int(port) > 65535:
+        raise ValueError(f"--http wants HOST:PORT (e.g. 127.0.0.1:8080), not {text!r}")
+    if not allow_remote and not _is_loopback(host):
+        raise ValueError(f"--http {text}: {host} is not a loopback address; the endpoint serves "
+                         "this machine only unless --allow-remote is given")
+    return host, int(port)
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def read_token(path: Path) -> str:
+    """The bearer token in `path`; a missing file is created (0600) with a random token."""
+    path = path.expanduser()
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+        with os.fdopen(fd, "w") as out:
+            out.write(secrets.token_urlsafe(32) + "\n")
+        log.info("created a new bearer token in %s", path)
+    token = path.read_text(encoding="utf-8").strip()
+    if len(token) < 16:
+        raise ValueError(f"the token in {path} is shorter than 16 characters")
+    return token
+
+
+class OpenAIServer(ThreadingHTTPServer):
+    """The HTTP server; `url` is its base URL once bound (port 0 picks a free one)."""
+
+    daemon_threads = True
+
+    def __init__(self, address: tuple[str, int], bridge: Bridge, token: str) -> None:
+        super().__init__(address, _Handler)
+        self.bridge = bridge
+        self.token = token
+        host = address[0]
+        shown = f"[{host}]" if ":" in host else host
+        self.url = f"http://{shown}:{self.server_address[1]}/v1"
+        self.hosts = {f"{name}:{self.server_address[1]}" for name in (shown, "localhost",
+                                                                      "127.0.0.1", "[::1]")}
+
+    def start(self) -> threading.Thread:
+        thread = threading.Thread(target=self.serve_forever, name="bridge-http", daemon=True)
+        thread.start()
+        return thread
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: OpenAIServer
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
+        log.info("%s %s", self.address_string(), format % args)
+
+    # -- plumbing --------------------------------------------------------------------------------
+    def _send_json(self, status: int, payload: Any) -> None:
+        body = json.dumps(payload, ensure_ascii=False).encode("utf-8")
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def _error(self, status: int, message: str, code: str, kind: str = "invalid_request_error"
+               ) -> None:
+        self._send_json(status, {"error": {"message": message, "type": kind, "param": None,
+                                           "code": code}})
+
+    def _allowed(self) -> bool:
+        bound_loopback = _is_loopback(self.server.server_address[0])
+        if bound_loopback and self.headers.get("Host", "") not in self.server.hosts:
+            self._error(403, "unexpected Host header", "forbidden_host")
+            return False
+        auth = self.headers.get("Authorization", "")
+        given = auth[7:].strip() if auth.lower().startswith("bearer ") else ""
+        if not hmac.compare_digest(given.encode(), self.server.token.encode()):
+            self._error(401, "a valid bearer token is required (see --http-token-file)",
+                        "invalid_api_key")
+            return False
+        return True
+
+    # -- routes ----------------------------------------------------------------------------------
+    def do_GET(self) -> None:  # noqa: N802 - stdlib naming
+        if not self._allowed():
+            return
+        if self.path.rstrip("/") != "/v1/models":
+            self._error(404, f"no route {self.path}", "not_found")
+            return
+        name = self.server.bridge.client.specialist.name
+        self._send_json(200, {"object": "list", "data": [
+            {"id": name, "object": "model", "created": 0, "owned_by": "specsteer"}]})
+
+    def do_POST(self) -> None:  # noqa: N802 - stdlib naming
+        if not self._allowed():
+            return
+        if self.path.rstrip("/") != "/v1/chat/completions":
+            self._error(404, f"no route {self.path}", "not_found")
+            return
+        length = int(self.headers.get("Content-Length") or 0)
+        if length > MAX_BODY_BYTES:
+            self._error(413, f"the body exceeds {MAX_BODY_BYTES} bytes", "body_too_large")
+            self.close_connection = True
+            return
+        try:
+            body = json.loads(self.rfile.read(length) or b"null")
+            params, stream = _generate_params(body)
+        except (ValueError, BridgeError) as exc:
+            self._error(400, str(exc), "invalid_params")
+            return
+        self._complete(params, stream, str(body.get("model") or ""))
+
+    def _complete(self, params: dict[str, Any], stream: bool, model: str) -> None:
+        bridge = self.server.bridge
+        events: queue.Queue[tuple[str, Any]] = queue.Queue()
+        request_id = f"chatcmpl-{uuid.uuid4().hex}"
+        try:
+            bridge.start_generation(
+                request_id, params,
+                lambda result, error: events.put(("answer", (result, error))),
+                lambda method, note: events.put((method, note)))
+        except BridgeError as exc:
+            status = 429 if exc.code == BUSY else 400
+            self._error(status, str(exc), exc.data["reason"])
+            return
+        created = int(time.time())
+        model = model or bridge.client.specialist.name
+        head = {"id": request_id, "created": created, "model": model}
+        if stream:
+            self._stream(events, head, request_id)
+            return
+        result, error = _final(events)
+        if error is not None:
+            self._error(500, str(error), error.data["reason"], "server_error")
+            return
+        self._send_json(200, {
+            **head, "object": "chat.completion",
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": result["text"]},
+                         "finish_reason": _finish(result), "logprobs": None}],
+            "usage": _usage(result),
+            "specsteer": {"provenance": result["provenance"], "stats": result["stats"]},
+        })
+
+    def _stream(self, events: queue.Queue[tuple[str, Any]], head: dict[str, Any],
+                request_id: str) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Cache-Control", "no-cache")
+        self.send_header("Connection", "close")
+        self.end_headers()
+        self.close_connection = True
+        chunk = {**head, "object": "chat.completion.chunk"}
+
+        def send(delta: dict[str, Any], finish: str | None, extra: dict[str, Any]) -> None:
+            payload = {**chunk, "choices": [{"index": 0, "delta": delta,
+                                             "finish_reason": finish, "logprobs": None}],
+                       "specsteer": extra}
+            self.wfile.write(b"data: " + json.dumps(payload, ensure_ascii=False).encode()
+                             + b"\n\n")
+            self.wfile.flush()
+
+        try:
+            send({"role": "assistant", "content": ""}, None, {})
+            while True:
+                kind, value = events.get()
+                if kind == "generate.piece":
+                    send({"content": value["text"]}, None,
+                         {"provenance": value["provenance"], "token": value["token"]})
+                elif kind == "generate.mode":
+                    send({}, None, {"mode": value["mode"], "reason": value["reason"]})
+                elif kind == "answer":
+                    result, error = value
+                    if error is not None:
+                        send({}, "error", {"error": error.to_json()})
+                    else:
+                        send({}, _finish(result), {"stats": result["stats"],
+                                                   "usage": _usage(result)})
+                    self.wfile.write(b"data: [DONE]\n\n")
+                    self.wfile.flush()
+                    return
+        except (BrokenPipeError, ConnectionResetError):
+            log.info("client of %s went away: cancelling", request_id)
+            self.server.bridge.cancel_generation(request_id)
+
+
+def _final(events: queue.Queue[tuple[str, Any]]) -> tuple[Any, BridgeError | None]:
+    while True:
+        kind, value = events.get()
+        if kind == "answer":
+            return value
+
+
+def _finish(result: dict[str, Any]) -> str:
+    return "length" if result["finish_reason"] == "length" else "stop"
+
+
+def _usage(result: dict[str, Any]) -> dict[str, int]:
+    completion = len(result["provenance"]) if result["stats"] is None \
+        else result["stats"]["tokens"]
+    return {"prompt_tokens": 0, "completion_tokens": completion, "total_tokens": completion}
+
+
+def _generate_params(body: Any) -> tuple[dict[str, Any], bool]:
+    """A chat-completions body as generate params (checked by the generate schema)."""
+    if not isinstance(body, dict):
+        raise ValueError("the body must be a JSON object")
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise ValueError("messages must be a non-empty list")
+    users = [m for m in messages if isinstance(m, dict) and m.get("role") == "user"]
+    if not users:
+        raise ValueError("messages need a user message: its text is the request")
+    query = _text(users[-1].get("content"))
+    params: dict[str, Any] = {"query": query}
+    for field, name in _FIELDS.items():
+        if body.get(field) is not None:
+            params[name] = body[field]
+    stop = body.get("stop")
+    if stop is not None:
+        params["stop"] = [stop] if isinstance(stop, str) else stop
+    extension = body.get("specsteer") or {}
+    if not isinstance(extension, dict):
+        raise ValueError("specsteer must be an object of generate params (task, preset...)")
+    params.update(extension)
+    if body.get("n", 1) != 1:
+        raise BridgeError(INVALID_PARAMS, "only n = 1 is supported")
+    return check_params("generate", params), bool(body.get("stream"))
+
+
+def _text(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(part.get("text", "") for part in content
+                       if isinstance(part, dict) and part.get("type") == "text")
+    raise ValueError("a user message's content must be text")

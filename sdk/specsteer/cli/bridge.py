@@ -1,0 +1,107 @@
+"""`specsteer bridge`: serve one Client over JSON-RPC on stdio (and OpenAI-style HTTP).
+
+A thin command: it claims stdout for protocol frames, loads the Specialist once, opens the
+history store and hands everything to `specsteer.bridge`. Logs go to stderr.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+
+def register(app: typer.Typer) -> None:
+    """Add the bridge command to the main CLI."""
+
+    @app.command()
+    def bridge(
+        specialist: Annotated[
+            str, typer.Option(help="Registry name or compiled folder")
+        ] = "qwen2.5-0.5b",
+        history: Annotated[Path | None, typer.Option(help="History store (SQLite file)")] = None,
+        companion: Annotated[
+            str | None, typer.Option(help="ws:// or wss:// URL; none = local")
+        ] = None,
+        token: Annotated[str, typer.Option(envvar="SPECSTEER_TOKEN", help="Device token")] = "",
+        history_timeout_s: Annotated[
+            float, typer.Option(help="Longest wait for a history file another app has locked")
+        ] = 5.0,
+        timeout_s: Annotated[
+            float, typer.Option(help="Longest wait for any companion reply")
+        ] = 30.0,
+        max_line_bytes: Annotated[
+            int, typer.Option(min=1024, help="Longest accepted request line")
+        ] = 1 << 20,
+        http: Annotated[
+            str | None, typer.Option(help="Also serve OpenAI-style HTTP on HOST:PORT (loopback)")
+        ] = None,
+        http_token_file: Annotated[
+            Path | None, typer.Option(help="Bearer token file (default $SPECSTEER_HOME/"
+                                      "bridge-token; created with a random token if missing)")
+        ] = None,
+        allow_remote: Annotated[
+            bool, typer.Option(help="Let --http bind a non-loopback address")
+        ] = False,
+        stdio: Annotated[
+            bool, typer.Option(help="Serve JSON-RPC on stdio; --no-stdio (with --http) serves "
+                               "until SIGINT/SIGTERM")
+        ] = True,
+        log_level: Annotated[str, typer.Option(help="stderr log level")] = "INFO",
+    ) -> None:
+        """Serve JSON-RPC 2.0 on stdin/stdout until stdin closes (docs/bindings.md)."""
+        from specsteer.bridge.handlers import Bridge
+        from specsteer.bridge.http import OpenAIServer, parse_address, read_token
+        from specsteer.bridge.schemas import schema_names
+        from specsteer.bridge.server import claim_stdout, serve, serve_until_signal
+        from specsteer.client import Client
+        from specsteer.errors import SpecSteerError
+        from specsteer.history import HistoryStore
+        from specsteer.models.registry import home
+
+        writer = claim_stdout()
+        logging.basicConfig(stream=sys.stderr, level=log_level.upper(),
+                            format="%(asctime)s specsteer-bridge %(levelname)s %(message)s")
+        schema_names()  # fail now, not on the first request, if the schemas are missing
+        if not stdio and http is None:
+            raise typer.BadParameter("--no-stdio needs --http")
+        try:
+            address = parse_address(http, allow_remote) if http is not None else None
+            bearer = read_token(http_token_file or home() / "bridge-token") \
+                if http is not None else ""
+        except (ValueError, OSError) as exc:
+            print(f"specsteer bridge: {exc}", file=sys.stderr)
+            raise typer.Exit(2) from None
+        try:
+            store = None if history is None \
+                else HistoryStore(history, busy_timeout_s=history_timeout_s)
+            client = Client(specialist, history=store, companion=companion, token=token,
+                            timeout_s=timeout_s)
+        except SpecSteerError as exc:
+            print(f"specsteer bridge: cannot start: {exc}", file=sys.stderr)
+            raise typer.Exit(3) from None
+        logging.getLogger("specsteer.bridge").info(
+            "ready: specialist %s, history %s, companion %s", client.specialist.name,
+            history, companion)
+
+        def make_bridge(notify: Callable[[str, dict[str, Any]], None]) -> Bridge:
+            bridge = Bridge(client, notify, max_line_bytes=max_line_bytes, companion=companion)
+            if address is not None:
+                try:
+                    server = OpenAIServer(address, bridge, bearer)
+                except OSError as exc:
+                    print(f"specsteer bridge: cannot serve --http {http}: {exc}", file=sys.stderr)
+                    raise typer.Exit(2) from None
+                server.start()
+                bridge.http_url = server.url
+                logging.getLogger("specsteer.bridge").info("http ready: %s", server.url)
+            return bridge
+
+        if stdio:
+            serve(make_bridge, sys.stdin.buffer, writer, max_line_bytes)
+        else:
+            serve_until_signal(make_bridge, writer)
