@@ -33,8 +33,7 @@ from specsteer_companion.process import start_companion
 from specsteer_companion.server import THROTTLE, CompanionServer, ServerConfig
 from specsteer_companion.verifier import Verifier
 
-SESSION = dict(mode=protocol.Mode.SPECSTEER, gamma=0.5, alpha=1.0, top_k=8, temperature=0.0,
-               seed=0, select=protocol.Select.TOP_LOGP_G, s0_on_device=False)
+SESSION = protocol.SessionSettings(top_k=8)
 
 
 def _port(url: str) -> int:
@@ -172,7 +171,7 @@ def _frame_count_until_refused(url: str, frames: int) -> tuple[int, float, proto
     """Send a Hello and then OpenSessions as fast as the server takes them; count the replies
     that came back before the RATE_LIMITED error."""
     hello = protocol.encode(protocol.Hello(generalist_sha256="", client_name="flood"))
-    opening = protocol.encode(protocol.OpenSession(prompt_ids=(1,), **SESSION))
+    opening = protocol.encode(protocol.OpenSession(prompt_ids=(1,), settings=SESSION))
     limits = Limits(vocab_size=1 << 20)
     with connect(url, open_timeout=5, close_timeout=1, max_size=1 << 20) as ws:
         started = time.monotonic()
@@ -220,20 +219,20 @@ def test_prompt_tokens_are_charged_to_the_device_across_its_connections(
         link = CompanionLink(WebSocketChannel(url))
         link.hello(auth_token=greedy.secret)
         for _ in range(3):  # 900 of 1000 prompt tokens
-            link.open(prompt, **SESSION)
+            link.open(prompt, SESSION)
         with pytest.raises(CompanionError) as info:
-            link.open(prompt, **SESSION)
+            link.open(prompt, SESSION)
         assert info.value.code == ErrorCode.RATE_LIMITED
         assert "prompt budget exhausted" in str(info.value)
         link.close()
         again = CompanionLink(WebSocketChannel(url))  # a new connection does not reset it
         again.hello(auth_token=greedy.secret)
         with pytest.raises(CompanionError, match="prompt budget"):
-            again.open(prompt, **SESSION)
+            again.open(prompt, SESSION)
         again.close()
         fine = CompanionLink(WebSocketChannel(url))  # another device has its own budget
         fine.hello(auth_token=other.secret)
-        assert fine.open(prompt, **SESSION) == len(prompt)
+        assert fine.open(prompt, SESSION) == len(prompt)
         fine.close()
 
 
@@ -251,7 +250,7 @@ def test_revoking_a_token_ends_its_live_connection(tiny_model, tiny_generalist, 
         for secret in (device.secret, bystander.secret):
             link = CompanionLink(WebSocketChannel(url))
             link.hello(auth_token=secret)
-            link.open([1, 2, 3], **SESSION)
+            link.open([1, 2, 3], SESSION)
             links.append(link)
         revoked = subprocess.run(
             [sys.executable, "-m", "specsteer_companion.cli", "tokens", "revoke",
