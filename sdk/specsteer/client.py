@@ -11,7 +11,7 @@ import logging
 import ssl
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -173,10 +173,15 @@ class Client:
                preset: str | None = None, stop: Sequence[str] = (), offline: str = "degrade",
                before: str | None = None, result: list[Result] | None = None,
                on_mode: Callable[[ModeChange], None] | None = None,
-               settings: Params | None = None, **params: Any) -> Iterator[Piece]:
+               settings: Params | None = None, user_length: bool = True,
+               **params: Any) -> Iterator[Piece]:
         """Yield text pieces as tokens are decided.
 
         settings: a whole `Params`; or `preset` plus `params`, which are `Params` fields.
+        user_length: write at the user's usual length for this task — no end-of-text before
+        `min_new_tokens` and at most `max_new_tokens` from the history's length policy, capped by
+        the request's `max_new_tokens` (decided on the device; never sent). False: only the
+        request's budget.
 
         offline: "degrade" (go on with the local Specialist when the companion is unreachable or
         drops, reconnecting with backoff), "fail" (raise CompanionUnavailable) or
@@ -189,6 +194,10 @@ class Client:
             raise ValueError("give either settings or preset/params, not both")
         started = time.perf_counter()
         prompt, device_prompt = self.prepare(query, task=task, before=before)
+        if user_length and prompt.length is not None:
+            low, high = prompt.length.clamp(settings.max_new_tokens)
+            settings = replace(settings, min_new_tokens=max(settings.min_new_tokens, low),
+                               max_new_tokens=high)
         retrieval_s = time.perf_counter() - started
         stats = DecodeStats()
         link_stats = LinkStats()

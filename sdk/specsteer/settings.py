@@ -38,6 +38,9 @@ class Params:
     top_p: float = _WIRE.top_p  # < 1: nucleus cut of the candidates (fewer bytes; 1 = top-k)
     temperature: float = _WIRE.temperature
     max_new_tokens: int = 256
+    # end-of-text is held back before this many tokens (the user's typical length, on the
+    # device only: `Client` sets it from the history's length policy; never sent up)
+    min_new_tokens: int = 0
     seed: int = _WIRE.seed
     select: str = _WIRE.select  # or "difference" (METHOD.md: worse; kept to report it)
     # where P_S0 is computed: None = the companion when it hosts the generic Specialist, else the

@@ -28,6 +28,7 @@ __all__ = [
     "classic_accept_greedy",
     "classic_accept_sampling",
     "costeer",
+    "forbid",
     "fuse",
     "light_costeer",
     "log_softmax",
@@ -40,6 +41,7 @@ __all__ = [
     "sparse_steer",
     "token_logprobs",
     "top_k_ids",
+    "without",
 ]
 
 
@@ -298,6 +300,24 @@ def nucleus(logp_row: np.ndarray, ids_best_first: np.ndarray, top_p: float) -> n
     mass = np.cumsum(np.exp(np.asarray(logp_row, dtype=np.float64)[ids_best_first]))
     keep = int(np.searchsorted(mass, top_p, side="left")) + 1
     return ids_best_first[: max(1, min(keep, ids_best_first.shape[0]))]
+
+
+def forbid(row: np.ndarray, ids: frozenset[int] | Sequence[int]) -> np.ndarray:
+    """A copy of a full scores row with `ids` made impossible (-inf): how the device keeps
+    end-of-text out before the user's minimum length. The row is unchanged when ids is empty."""
+    if not ids:
+        return row
+    out = np.array(row, copy=True)
+    out[np.fromiter(ids, dtype=np.int64)] = -np.inf
+    return out
+
+
+def without(steer: SparseSteer, ids: frozenset[int]) -> SparseSteer | None:
+    """The candidates minus `ids` (None when nothing is left)."""
+    keep = ~np.isin(steer.ids, np.fromiter(ids, dtype=np.int64))
+    if not keep.any():
+        return None
+    return SparseSteer(steer.ids[keep], steer.values[keep])
 
 
 def possible_only(steer: SparseSteer) -> SparseSteer:

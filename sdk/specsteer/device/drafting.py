@@ -48,17 +48,22 @@ def draft(
     eos: frozenset[int],
     stop: Callable[[], bool] | None = None,
     into: Drafted | None = None,
+    eos_banned: int = 0,
 ) -> Drafted:
     """Draft up to k tokens (`stop` cuts it short), or continue the draft `into` up to k.
 
-    An end-of-text draft is not appended to the session: nothing follows it.
+    An end-of-text draft is not appended to the session: nothing follows it. The first
+    `eos_banned` drafted positions cannot be end-of-text (the user's minimum length).
     """
     drafted = into if into is not None else Drafted(local.length, [], [local.row])
     started, before = time.perf_counter(), len(drafted.tokens)
     while len(drafted.tokens) < k and not (drafted.tokens and drafted.tokens[-1] in eos):
         if stop is not None and drafted.tokens and stop():
             break
-        token = choose(drafted.rows[-1], temperature, rng)
+        row = drafted.rows[-1]
+        if len(drafted.tokens) < eos_banned:
+            row = steer.forbid(row, eos)
+        token = choose(row, temperature, rng)
         drafted.tokens.append(token)
         if token in eos:
             break

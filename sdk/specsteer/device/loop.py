@@ -15,6 +15,7 @@ from dataclasses import replace
 
 import numpy as np
 
+from specsteer import steer
 from specsteer.device.drafting import choose
 from specsteer.device.events import DecodeStats, DevicePrompt, TokenEvent
 from specsteer.device.offline import LINK_ERRORS, ModeChange, OfflinePolicy, Reconnector
@@ -117,7 +118,12 @@ class _Generation:
     def _go_remote(self, link: CompanionLink) -> None:
         """Collaborate over `link` from here: the public prompt plus every token so far."""
         self.open_links.append(link)
-        left = replace(self.params, max_new_tokens=self.params.max_new_tokens - len(self.out))
+        done = len(self.out)
+        left = replace(
+            self.params,
+            max_new_tokens=self.params.max_new_tokens - done,
+            min_new_tokens=max(0, self.params.min_new_tokens - done),
+        )
         public = [*self.prompt.public_ids, *self.out]
         self.remote = collaborate(
             self.specialist, self.local, public, left, link, self.stats, self.rng
@@ -145,7 +151,10 @@ class _Generation:
     def _local_token(self) -> int:
         """The Specialist alone (local methods, offline-degraded mode): one round per token."""
         t0 = time.perf_counter()
-        token = choose(self.local.row, self.params.temperature, self.rng)
+        row = self.local.row
+        if len(self.out) < self.params.min_new_tokens:
+            row = steer.forbid(row, self.eos)
+        token = choose(row, self.params.temperature, self.rng)
         if token not in self.eos:
             self.local.push(token)
         self.stats.device_s += time.perf_counter() - t0

@@ -126,7 +126,7 @@ class SteeredRounds:
         if n == len(drafted) and drafted and drafted[-1] in self.eos:  # its end-of-text stands
             return [(t, "draft") for t in drafted], True
         s0_row = None if s0_rows is None else s0_rows[off + n]
-        token = self._recover(verdict, current.rows[n], s0_row)
+        token = self._recover(verdict, current.rows[n], s0_row, self._banned_at(self.produced + n))
         bet_won = None if self.ahead is None else n == len(drafted) and token == guess
         if self.sizer is not None and self.mode is Mode.SPECSTEER:
             self.k = self.sizer.observe(
@@ -152,15 +152,19 @@ class SteeredRounds:
         """This round's draft: the won bet, finished to full length, or a fresh one."""
         params = self.params
         size = budget(params, self.k, self.produced)
+        banned = self._eos_banned(self.produced)
         if self.ahead is None:
             if self.committed:
                 self.local.push(self.committed[-1])
-            return draft(self.local, size, params.temperature, self.rng, self.eos)
+            return draft(
+                self.local, size, params.temperature, self.rng, self.eos, eos_banned=banned
+            )
         current, self.ahead = self.ahead, None
         # the bet was cut short when the verdict landed: finish it, so that a round's draft
         # (where its bonus falls, so the text) never depends on timing
         cut = len(current.tokens)
-        draft(self.local, size, params.temperature, self.rng, self.eos, into=current)
+        draft(self.local, size, params.temperature, self.rng, self.eos, into=current,
+              eos_banned=banned)
         if self.ahead_s0 is not None and len(current.tokens) > cut:
             assert self.s0 is not None
             extra = self.s0.extend(current.tokens[cut:])[1:]
@@ -189,28 +193,49 @@ class SteeredRounds:
         drafted = current.tokens
         if not (self.pipeline and drafted and drafted[-1] not in self.eos):
             return None
-        guess = int(np.argmax(current.rows[-1]))
-        size = budget(self.params, self.k, self.produced + len(drafted) + 1)
+        after = self.produced + len(drafted)
+        guess = int(np.argmax(steer.forbid(current.rows[-1], self._banned_at(after))))
+        size = budget(self.params, self.k, after + 1)
         if guess in self.eos or size <= 0:
             return guess
         self.local.push(guess)
         # stop betting as soon as the verdict is in: waiting on it is the hot path
         self.ahead = draft(
             self.local, size, self.params.temperature, self.rng, self.eos,
-            stop=self.link.reply_ready,
+            stop=self.link.reply_ready, eos_banned=self._eos_banned(after + 1),
         )
         if self.s0 is not None and s0_rows is not None and not self.link.reply_ready():
             # same bet for P_S0: score [guess, *ahead] now, off the hot path
             self.ahead_s0 = self.s0.extend([guess, *self.ahead.tokens])
         return guess
 
-    def _recover(self, verdict: Verdict, sc_row: np.ndarray, s0_row: np.ndarray | None) -> int:
+    def _eos_banned(self, produced: int) -> int:
+        """How many positions from `produced` on may not be end-of-text (minimum length)."""
+        return max(0, self.params.min_new_tokens - produced)
+
+    def _banned_at(self, position: int) -> frozenset[int]:
+        return self.eos if position < self.params.min_new_tokens else frozenset()
+
+    def _recover(
+        self, verdict: Verdict, sc_row: np.ndarray, s0_row: np.ndarray | None,
+        banned: frozenset[int],
+    ) -> int:
         """The token after the accepted drafts: the companion's correction (speculative), or
-        the fused pick over its candidates with the private term added here."""
-        if self.mode is Mode.SPECULATIVE:
-            return int(verdict.ids[0])
+        the fused pick over its candidates with the private term added here. Ids in `banned`
+        are never picked (end-of-text before the minimum length): if the companion offered
+        nothing else, the Specialist's own choice stands in."""
         params = self.params
+        if self.mode is Mode.SPECULATIVE:
+            token = int(verdict.ids[0])
+            if token not in banned:
+                return token
+            return int(np.argmax(steer.forbid(sc_row, banned)))
         candidates = steer.SparseSteer(verdict.ids, verdict.values)
+        if banned:
+            allowed = steer.without(candidates, banned)
+            if allowed is None:
+                return int(np.argmax(steer.forbid(sc_row, banned)))
+            candidates = allowed
         logp_s0 = None if s0_row is None else steer.log_softmax(s0_row, params.temperature)
         scores = steer.fuse(
             candidates, steer.log_softmax(sc_row, params.temperature), params.alpha, logp_s0
@@ -228,6 +253,7 @@ def row_tokens(
 ) -> Iterator[tuple[int, str]]:
     """Per-token baselines: LLM alone, LightCoSteer and CoSteer over the companion's top-k row."""
     committed: list[int] = []
+    committed_all: list[int] = []  # every token of this session: the minimum length counts them
     needs_local = params.method != "llm"
     while True:
         t0 = time.perf_counter()
@@ -249,7 +275,11 @@ def row_tokens(
                 scores = steer.costeer(
                     logp_g, logp_sc, logp_s0, iterations=params.costeer_iterations, beta=params.beta
                 )
-        token = steer.pick(ids, scores, params.temperature, rng)
+        if len(committed_all) < params.min_new_tokens:
+            scores = np.where(np.isin(ids, list(eos)), -np.inf, scores)
+        token = steer.pick(ids, scores, params.temperature, rng) \
+            if np.isfinite(scores).any() else int(np.argmax(steer.forbid(local.row, eos)))
+        committed_all.append(token)
         stats.rounds += 1
         stats.device_s += time.perf_counter() - t1
         stats.wait_s = link.stats.wait_s

@@ -1,0 +1,120 @@
+"""The user's minimum length: no end-of-text before `min_new_tokens`, in every method.
+
+The tiny models rarely end on their own, so the test declares one of the tokens a method
+writes early to be an end-of-text id (a real model whose tokenizer lists one more stop id):
+without a minimum the generation stops there, with one it must go on past it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+
+from specsteer.device import METHODS, DevicePrompt, Params, decode
+from specsteer.link import CompanionLink
+from specsteer_companion.local import LocalChannel
+from specsteer_companion.verifier import Verifier
+
+PRIVATE = "Earlier notes: the budget stays flat; revised draft by Friday.\nWrite a budget note."
+PUBLIC = "Write a budget note."
+
+
+@dataclass
+class _StopsAt:
+    """The same tokenizer with `extra` also treated as end-of-text."""
+
+    base: object
+    extra: int
+
+    @property
+    def eos_ids(self) -> frozenset[int]:
+        return frozenset({*self.base.eos_ids, self.extra})
+
+    def __getattr__(self, name: str):
+        return getattr(self.base, name)
+
+
+@dataclass
+class _Model:
+    """A real model whose tokenizer stops at one more id."""
+
+    base: object
+    tokenizer: _StopsAt
+
+    def __getattr__(self, name: str):
+        return getattr(self.base, name)
+
+
+def _run(specialist, generalist, params: Params) -> list[int]:
+    tok = specialist.tokenizer
+    prompt = DevicePrompt(tok.encode(PRIVATE), tok.encode(PUBLIC))
+    link = None
+    if params.collaborative:
+        link = CompanionLink(LocalChannel.for_verifier(Verifier(generalist, specialist.base
+                                                                if isinstance(specialist, _Model)
+                                                                else specialist)))
+        link.hello()
+    tokens = [e.token for e in decode(specialist, prompt, params, link)]
+    if link is not None:
+        link.close()
+    return tokens
+
+
+@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("pipeline", [True, False])
+def test_no_end_of_text_before_the_minimum(tiny_model, tiny_generalist, method, pipeline):
+    free = _run(tiny_model, tiny_generalist, Params(method=method, max_new_tokens=30,
+                                                    pipeline=pipeline))
+    stop = free[2]  # a token the method writes early: declare it an end-of-text id
+    stopping = _Model(tiny_model, _StopsAt(tiny_model.tokenizer, stop))
+    short = _run(stopping, tiny_generalist, Params(method=method, max_new_tokens=30,
+                                                   pipeline=pipeline))
+    assert short[-1] == stop and len(short) <= 3  # without a minimum it stops right there
+    held = _run(stopping, tiny_generalist, Params(method=method, max_new_tokens=30,
+                                                  min_new_tokens=20, pipeline=pipeline))
+    assert stop not in held[:20]
+    assert len(held) >= 20
+
+
+def test_minimum_zero_changes_nothing(tiny_model, tiny_generalist):
+    base = _run(tiny_model, tiny_generalist, Params(max_new_tokens=24))
+    same = _run(tiny_model, tiny_generalist, Params(max_new_tokens=24, min_new_tokens=0))
+    assert base == same
+
+
+@pytest.mark.parametrize("pipeline", [True, False])
+def test_drafts_hold_back_end_of_text_too(tiny_model, tiny_generalist, pipeline):
+    # gamma 0 accepts every draft, so an end-of-text the Specialist drafts would stand
+    params = Params(gamma=0.0, max_new_tokens=30, pipeline=pipeline)
+    free = _run(tiny_model, tiny_generalist, params)
+    stop = free[1]
+    stopping = _Model(tiny_model, _StopsAt(tiny_model.tokenizer, stop))
+    assert len(_run(stopping, tiny_generalist, params)) <= 2
+    held = _run(stopping, tiny_generalist, Params(gamma=0.0, max_new_tokens=30,
+                                                  min_new_tokens=20, pipeline=pipeline))
+    assert stop not in held[:20] and len(held) >= 20
+
+
+def test_client_writes_at_the_users_usual_length(tiny_model, tiny_generalist):
+    from specsteer.client import Client
+    from specsteer.history import HistoryStore
+
+    history = HistoryStore(memory=True)
+    body = "Thanks all, the budget for the garden stays flat this quarter, see you Friday. " * 3
+    for n in range(4):
+        history.add(kind="email", title=f"Budget note {n}", body=body)
+    verifier = Verifier(tiny_generalist, tiny_model)
+
+    def client(model) -> Client:
+        return Client(model, history=history,
+                      companion=lambda: LocalChannel.for_verifier(verifier))
+
+    probe = client(tiny_model).generate("Budget note", max_new_tokens=60, user_length=False)
+    stopping = _Model(tiny_model, _StopsAt(tiny_model.tokenizer, probe.tokens[2]))
+    request_only = client(stopping).generate("Budget note", max_new_tokens=200, user_length=False)
+    assert len(request_only.tokens) <= 2  # stopped at the declared end-of-text
+    usual = client(stopping).generate("Budget note", max_new_tokens=200)
+    policy = usual.prompt.length
+    assert policy is not None and policy.min_new_tokens > 10
+    assert policy.min_new_tokens <= len(usual.tokens) <= policy.max_new_tokens
