@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import logging
 import ssl
 import threading
@@ -309,6 +310,7 @@ class CompanionServer:
                     stop: asyncio.Event | None = None) -> None:
         """Serve until `stop` is set (forever when None)."""
         logthrottle.install(THROTTLE)
+        asyncio.get_running_loop().set_exception_handler(_out_of_descriptors_quietly)
         watcher = asyncio.create_task(self._watch())
         try:
             async with serve(self._handle, self.config.host, self.config.port,
@@ -350,3 +352,18 @@ class CompanionServer:
         finally:
             loop.call_soon_threadsafe(stop.set)
             thread.join(10)
+
+
+_RESOURCE_ERRORS = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
+
+
+def _out_of_descriptors_quietly(loop: asyncio.AbstractEventLoop, context: dict) -> None:
+    """asyncio's accept loop hit the descriptor limit (it pauses accepting for a second and
+    retries): one throttled line instead of a traceback per refused connection."""
+    exc = context.get("exception")
+    if isinstance(exc, OSError) and exc.errno in _RESOURCE_ERRORS:
+        log.warning("out of file descriptors (%s): refusing connections for a moment",
+                    exc.strerror)
+        return
+    loop.default_exception_handler(context)
+
