@@ -338,14 +338,22 @@ class CompanionServer:
         loop = asyncio.new_event_loop()
         stop = asyncio.Event()
 
+        failed: list[BaseException] = []
+
         def run() -> None:
             asyncio.set_event_loop(loop)
-            loop.run_until_complete(self.serve(lambda _port: started.set(), stop))
+            try:
+                loop.run_until_complete(self.serve(lambda _port: started.set(), stop))
+            except BaseException as exc:  # surfaced to the caller below, not lost in the thread
+                failed.append(exc)
+                started.set()
 
         thread = threading.Thread(target=run, name="companion", daemon=True)
         thread.start()
-        if not started.wait(30):
-            raise RuntimeError("the companion server did not start")
+        if not started.wait(60):
+            raise RuntimeError("the companion server did not start within 60 s")
+        if failed:
+            raise RuntimeError("the companion server failed to start") from failed[0]
         scheme = "wss" if self.ssl_context else "ws"
         try:
             yield f"{scheme}://{self.config.host}:{self.port}"
