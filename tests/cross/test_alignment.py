@@ -24,6 +24,7 @@ from specsteer.runtime import OnnxModel, load_model
 from specsteer.tokenizer import Message, Tokenizer
 from specsteer_companion.cross import CrossVerifierSession, generalist_prompt, parse_chatml
 from specsteer_companion.cross import alignment as al
+from specsteer_companion.cross.walk import walk
 from specsteer_companion.endpoint import CompanionEndpoint
 from specsteer_companion.local import LocalChannel
 from specsteer_companion.verifier import Verifier, VerifierSession
@@ -246,7 +247,7 @@ def test_walk_equals_brute_force(s_name, g_name, mode):
             path = [t for t, e in zip(ids, ends, strict=True) if e <= cut]
             z = rng.normal(0.0, 3.0, (len(path) + 1, pair.g.size))
             rows = list((z - np.log(np.exp(z).sum(-1, keepdims=True))).astype(np.float32))
-            got = al.walk(pair, rows, path, text[:cut], mode=mode, cap=10**6, floor=0.0)
+            got = walk(pair, rows, path, text[:cut], mode=mode, cap=10**6, floor=0.0)
             probs, prefix = _brute_walk(pair, rows, path, text[:cut], mode)
             assert got.prefix == pytest.approx(prefix, rel=1e-9, abs=1e-12)
             np.testing.assert_allclose(got.probs, probs, rtol=1e-9, atol=1e-12)
@@ -262,8 +263,8 @@ def test_prefix_mode_favours_short_tokens_token_mode_does_not(tiny_model):
     row = np.full(pair.g.size, -30.0, np.float32)
     row[the] = 0.0
     short, long_ = pair.s.by_piece[b" t"], pair.s.by_piece[b" the"]
-    prefix = al.walk(pair, [row], [], b"", mode="prefix").probs
-    token = al.walk(pair, [row], [], b"", mode="token").probs
+    prefix = walk(pair, [row], [], b"", mode="prefix").probs
+    token = walk(pair, [row], [], b"", mode="token").probs
     assert prefix[short] >= prefix[long_] > 0.99
     assert token[long_] > 0.99 and token[short] < 1e-6
 

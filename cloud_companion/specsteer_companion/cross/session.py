@@ -10,7 +10,7 @@ committed text and the draft to bytes, lets the Generalist tokenize them its own
     the prefix marginal P_G(continuation starts with these bytes) (tail="marginal") or left for
     the next round (tail="backoff");
   - recovers in the Specialist's vocabulary: the Generalist's next-token distribution at the
-    recovery point, re-expressed over Specialist tokens by `alignment.walk`, top-k of that, and
+    recovery point, re-expressed over Specialist tokens by `walk.walk`, top-k of that, and
     values `logp_G_mapped - alpha * logp_S0` over those Specialist ids, so the device fuses
     with `alpha * logp_Sc` exactly as with one tokenizer.
 Like `VerifierSession` it sees the public prompt and the generated text only, never the
@@ -38,9 +38,9 @@ from specsteer_companion.cross.alignment import (
     pair_tables,
     settle,
     utf8_complete,
-    walk,
 )
 from specsteer_companion.cross.prompts import generalist_prompt
+from specsteer_companion.cross.walk import walk
 
 TAILS = ("marginal", "backoff")
 RECOVERIES = ("token", "prefix")

@@ -26,9 +26,9 @@ from specsteer.history.prompts import (
     task_names,
     whitespace_tokens,
 )
-from specsteer.history.records import Hit, Record, make_record
+from specsteer.history.records import Hit, IngestReport, Record, make_record
 from specsteer.history.shared import SharedUser, load_shared_user, shared_user_count
-from specsteer.history.store import HistoryStore, IngestReport
+from specsteer.history.store import HistoryStore
 
 __all__ = [
     "HistoryStore",

@@ -23,9 +23,9 @@ from pathlib import Path
 from typing import Any, cast
 
 from specsteer.errors import IngestError, InvalidRecord
-from specsteer.history.records import Record, make_record
+from specsteer.history.records import EMPTY_REPORT, IngestReport, Record, make_record
 from specsteer.history.shared import SharedUser, detect_dataset, load_shared_user
-from specsteer.history.store import EMPTY_REPORT, HistoryStore, IngestReport
+from specsteer.history.store import HistoryStore
 
 NOTE_SUFFIXES = (".md", ".markdown", ".txt")
 MAIL_SUFFIXES = (".eml",)

@@ -23,6 +23,9 @@ _YEAR = re.compile(r"^\d{4}$")
 _YEAR_MONTH = re.compile(r"^\d{4}-\d{2}$")
 FIELDS = ("id", "kind", "title", "body", "created_at", "meta", "source")
 
+TABLE = "records"  # the SQLite table of the history store
+FTS_TABLE = "records_fts"  # its FTS5 index
+
 
 @dataclass(frozen=True)
 class Record:
@@ -161,3 +164,29 @@ def coerce_record(item: Record | Mapping[str, Any]) -> Record:
     if "kind" not in item:
         raise InvalidRecord("a record needs a kind (e.g. 'note', 'email')")
     return make_record(**{name: item[name] for name in FIELDS if name in item})
+
+
+@dataclass(frozen=True)
+class IngestReport:
+    """What a write of many records did; `ids` lists every record written or already present."""
+
+    added: int
+    updated: int
+    unchanged: int
+    ids: tuple[str, ...]
+
+    @property
+    def total(self) -> int:
+        """Records seen (added + updated + unchanged)."""
+        return self.added + self.updated + self.unchanged
+
+    def __add__(self, other: IngestReport) -> IngestReport:
+        return IngestReport(
+            self.added + other.added,
+            self.updated + other.updated,
+            self.unchanged + other.unchanged,
+            self.ids + other.ids,
+        )
+
+
+EMPTY_REPORT = IngestReport(0, 0, 0, ())

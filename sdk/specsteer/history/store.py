@@ -2,7 +2,8 @@
 
 Owns the file: schema, WAL mode, transactions (one `BEGIN IMMEDIATE` per write, so a reader never
 sees half a record), busy handling (SQLite busy timeout plus retry with backoff, then
-`HistoryLocked`), and secure erasure (`secure_delete`, FTS5 `optimize`, `VACUUM`, WAL truncation).
+`HistoryLocked`); secure erasure (`secure_delete`, FTS5 `optimize`, `VACUUM`, WAL truncation) is
+its mixin `erasure.SecureErase`.
 Must not parse files (that is `ingest`), build prompts (`prompts`), or send anything anywhere: the
 history is the private context and never leaves the device.
 """
@@ -17,7 +18,6 @@ import sqlite3
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from datetime import date, datetime
 from pathlib import Path
 from typing import Any, TypeVar
@@ -32,6 +32,7 @@ from specsteer.errors import (
     InvalidRecord,
     RecordNotFound,
 )
+from specsteer.history.erasure import SecureErase
 from specsteer.history.query import (
     DEFAULT_MAX_CANDIDATES,
     SCORING_POSTINGS_FACTOR,
@@ -42,8 +43,12 @@ from specsteer.history.query import (
     words,
 )
 from specsteer.history.records import (
+    EMPTY_REPORT,
     FIELDS,
+    FTS_TABLE,
+    TABLE,
     Hit,
+    IngestReport,
     Record,
     coerce_record,
     make_record,
@@ -55,8 +60,6 @@ Tracer = Callable[[str, Any], None]
 TimeLike = str | int | date | datetime
 
 SCHEMA_VERSION = 1
-TABLE = "records"
-FTS_TABLE = "records_fts"
 # Porter stemming + diacritic folding: "writes"/"writing" and "café"/"cafe" match, as BM25 expects.
 TOKENIZER = "porter unicode61 remove_diacritics 2"
 # Written by hand rather than with sqlite-utils' create()/enable_fts(): those run executescript(),
@@ -99,32 +102,6 @@ _FTS_JOIN = f"{FTS_TABLE} f CROSS JOIN {TABLE} r ON r.rowid = f.rowid"
 DEFAULT_BATCH = 1000
 
 
-@dataclass(frozen=True)
-class IngestReport:
-    """What a write of many records did; `ids` lists every record written or already present."""
-
-    added: int
-    updated: int
-    unchanged: int
-    ids: tuple[str, ...]
-
-    @property
-    def total(self) -> int:
-        """Records seen (added + updated + unchanged)."""
-        return self.added + self.updated + self.unchanged
-
-    def __add__(self, other: IngestReport) -> IngestReport:
-        return IngestReport(
-            self.added + other.added,
-            self.updated + other.updated,
-            self.unchanged + other.unchanged,
-            self.ids + other.ids,
-        )
-
-
-EMPTY_REPORT = IngestReport(0, 0, 0, ())
-
-
 def _is_busy(exc: sqlite3.Error) -> bool:
     code = getattr(exc, "sqlite_errorcode", None)
     if code is not None:
@@ -157,7 +134,7 @@ def _kinds(kind: str | Sequence[str] | None) -> tuple[str, ...]:
     return (kind,) if isinstance(kind, str) else tuple(kind)
 
 
-class HistoryStore:
+class HistoryStore(SecureErase):
     """A user's writing history in one SQLite file (or in memory), searchable with BM25.
 
     Safe to share between threads (one connection behind a lock) and between processes (WAL
@@ -251,21 +228,6 @@ class HistoryStore:
         if self.path is not None and not self.read_only:
             self.db.enable_wal()
 
-    def _finish_pending_erase(self) -> None:
-        """At open: if the WAL holds pages (perhaps an erase that a reader blocked last time),
-        checkpoint and truncate it now, without waiting for anyone."""
-        wal = Path(f"{self.path}-wal")
-        if not wal.exists() or wal.stat().st_size == 0:
-            return
-        self.db.execute("PRAGMA busy_timeout = 0")  # never make an app's open wait on a reader
-        try:
-            self._run(lambda: self.db.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone(),
-                      write=False)
-        except HistoryLocked:
-            pass  # a writer holds the file: the next erase or open tries again
-        finally:
-            self.db.execute(f"PRAGMA busy_timeout = {self._busy_ms}")
-
     def _schema_version(self) -> int:
         version: int = self.db.execute("PRAGMA user_version").fetchone()[0]
         if version > SCHEMA_VERSION:
@@ -335,52 +297,6 @@ class HistoryStore:
                     delay = min(delay * 2, 0.5)
                 except sqlite3.Error as exc:
                     raise self._translate(exc) from exc
-
-    def _scrub(self, *, require: bool) -> bool:
-        """Purge deleted text from the FTS index and the WAL; True when the WAL was truncated.
-
-        `secure_delete` zeroes freed rows and pages; FTS5 keeps deleted terms in old segments
-        until `optimize` merges them away; the WAL keeps old page images until a TRUNCATE
-        checkpoint, which an open reader elsewhere can block (for up to `busy_timeout_s`; then
-        `erase_pending` is set and the erase finishes in `finish_erase` or at the next open).
-        """
-        self._run(
-            lambda: self.db.execute(f"INSERT INTO {FTS_TABLE}({FTS_TABLE}) VALUES ('optimize')"),
-            write=True,
-        )
-        self.erase_pending = True
-        self.erase_pending = not self._truncate_wal(self.busy_timeout_s, require=require)
-        return not self.erase_pending
-
-    def finish_erase(self, wait_s: float = 0.0) -> bool:
-        """Complete an erase a reader blocked: checkpoint and truncate the WAL, waiting up to
-        `wait_s` for readers to finish. True when nothing is pending any more."""
-        if self.erase_pending:
-            self.erase_pending = not self._truncate_wal(wait_s, require=False)
-        return not self.erase_pending
-
-    def _truncate_wal(self, wait_s: float, *, require: bool) -> bool:
-        """`wal_checkpoint(TRUNCATE)`, retried for `wait_s`; True when it completed."""
-        if self.path is None:
-            return True
-        start = time.monotonic()
-        while True:
-            busy, _, _ = self._run(
-                lambda: self.db.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone(), write=False
-            )
-            if not busy:
-                return True
-            waited = time.monotonic() - start
-            if waited >= wait_s:
-                if require:
-                    raise HistoryLocked(
-                        self.location,
-                        waited,
-                        "records were erased but another connection is still reading, so the "
-                        "write-ahead log could not be truncated; close it and call wipe() again",
-                    )
-                return False
-            time.sleep(0.05)
 
     # -- writing -------------------------------------------------------------------------------
 
@@ -477,17 +393,6 @@ class HistoryStore:
         if count:
             self._scrub(require=False)
         return count
-
-    def wipe(self) -> None:
-        """Erase every record, then VACUUM and truncate the WAL so no text stays in the files."""
-
-        def op() -> None:
-            self.db.execute(f"DELETE FROM {TABLE}")
-            self.db.execute(f"INSERT INTO {FTS_TABLE}({FTS_TABLE}) VALUES ('delete-all')")
-
-        self._run(op, write=True)
-        self._run(self.db.vacuum, write=False)
-        self._scrub(require=True)
 
     # -- reading -------------------------------------------------------------------------------
 
