@@ -1,6 +1,6 @@
 /**
- * Types of the bridge protocol v1, written to match bindings/schema/v1 (the schemas are the
- * reference; test/schema.test.mjs checks these names against them).
+ * Types of the bridge protocol v1, written by hand after bindings/schema/v1 (the schemas are the
+ * reference: the bridge validates every request against them).
  */
 
 export type Provenance = "draft" | "recovered" | "bonus" | "local" | "generalist";
