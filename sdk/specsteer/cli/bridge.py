@@ -14,20 +14,18 @@ from typing import Annotated, Any
 
 import typer
 
+from specsteer.cli import options
+
 
 def register(app: typer.Typer) -> None:
     """Add the bridge command to the main CLI."""
 
     @app.command()
     def bridge(
-        specialist: Annotated[
-            str, typer.Option(help="Registry name or compiled folder")
-        ] = "qwen2.5-0.5b",
-        history: Annotated[Path | None, typer.Option(help="History store (SQLite file)")] = None,
-        companion: Annotated[
-            str | None, typer.Option(help="ws:// or wss:// URL; none = local")
-        ] = None,
-        token: Annotated[str, typer.Option(envvar="SPECSTEER_TOKEN", help="Device token")] = "",
+        specialist: options.Specialist = "qwen2.5-0.5b",
+        history: options.History = None,
+        companion: options.Companion = None,
+        token: options.Token = "",
         history_timeout_s: Annotated[
             float, typer.Option(help="Longest wait for a history file another app has locked")
         ] = 5.0,

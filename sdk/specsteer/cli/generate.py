@@ -7,13 +7,13 @@ command lines over `Client` (the lab's `specsteer-lab demo`) show generations th
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
+from specsteer.cli import options
 from specsteer.client import Client, Result
 from specsteer.errors import SpecSteerError
 
@@ -81,14 +81,10 @@ def register(app: typer.Typer) -> None:
     def generate(
         request: Annotated[str, typer.Argument(help="What to write (a subject, title or text)")],
         task: Annotated[str, typer.Option(help="Task template")] = "email",
-        specialist: Annotated[
-            str, typer.Option(help="Registry name or compiled folder")
-        ] = "qwen2.5-0.5b",
-        history: Annotated[Path | None, typer.Option(help="History store (SQLite file)")] = None,
-        companion: Annotated[
-            str | None, typer.Option(help="ws:// or wss:// URL; none = local")
-        ] = None,
-        token: Annotated[str, typer.Option(envvar="SPECSTEER_TOKEN", help="Device token")] = "",
+        specialist: options.Specialist = "qwen2.5-0.5b",
+        history: options.History = None,
+        companion: options.Companion = None,
+        token: options.Token = "",
         method: Annotated[str, typer.Option()] = "specsteer",
         preset: Annotated[str | None, typer.Option(help="default | fast | strict")] = None,
         gamma: Annotated[float | None, typer.Option()] = None,

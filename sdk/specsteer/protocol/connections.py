@@ -10,7 +10,7 @@ decodes one frame and returns `events`.
 from __future__ import annotations
 
 import enum
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 from specsteer.errors import ProtocolError
@@ -152,6 +152,19 @@ class _Connection:
             self._send(Close(reason))
             self.state = State.CLOSED
 
+    def _ended_by(
+        self, message: Message, closed: Callable[[str], Event]
+    ) -> list[Event] | None:
+        """A Close (reported as `closed(reason)`) or an Error from the peer ends the connection,
+        on either side; None for every other message."""
+        if isinstance(message, Close):
+            self.state = State.CLOSED
+            return [closed(message.reason)]
+        if isinstance(message, Error):
+            self.state = State.CLOSED
+            return [ErrorReceived(message.code, message.message)]
+        return None
+
 
 class DeviceConnection(_Connection):
     """The device's side: Hello, OpenSession, then Draft/Verdict (or RowRequest/RowReply) rounds.
@@ -270,12 +283,8 @@ class DeviceConnection(_Connection):
             raise
 
     def _handle(self, message: Message) -> list[Event]:
-        if isinstance(message, Close):
-            self.state = State.CLOSED
-            return [Closed(message.reason)]
-        if isinstance(message, Error):
-            self.state = State.CLOSED
-            return [ErrorReceived(message.code, message.message)]
+        if (ended := self._ended_by(message, Closed)) is not None:
+            return ended
         if isinstance(message, HelloOk) and self.state is State.HANDSHAKE:
             return [self._on_hello_ok(message)]
         if isinstance(message, SessionOpened) and self.state is State.OPENING:
@@ -370,12 +379,8 @@ class CompanionConnection(_Connection):
         return [ConnectionFailed(code, text)]
 
     def _handle(self, message: Message) -> list[Event]:
-        if isinstance(message, Close):
-            self.state = State.CLOSED
-            return [CloseRequested(message.reason)]
-        if isinstance(message, Error):
-            self.state = State.CLOSED
-            return [ErrorReceived(message.code, message.message)]
+        if (ended := self._ended_by(message, CloseRequested)) is not None:
+            return ended
         if isinstance(message, Hello) and self.state is State.START:
             self.hello = message
             self.state = State.HANDSHAKE
