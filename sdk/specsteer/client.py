@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import ssl
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -69,6 +70,7 @@ class GenerationStats:
     offline_reason: str | None = None  # why generation went local, when it did
     reconnects: int = 0  # times collaboration resumed after the companion came back
     pipelined: int = 0  # rounds drafted while the previous round was being verified
+    cancelled: bool = False  # stopped by the caller's cancel event
     records: tuple[str, ...] = ()
     truncated: tuple[str, ...] = ()
 
@@ -100,6 +102,8 @@ class Client:
         default (`CompanionConfigError`): anyone on the path could read the token and the
         prompt. Use wss:// instead; this is for trusted private networks only, and logs a
         warning.
+    threads: ONNX Runtime threads of a Specialist loaded here (None: every core this process
+        may use).
     """
 
     def __init__(
@@ -116,7 +120,7 @@ class Client:
         retrieve_k: int = 5,
         max_prompt_tokens: int = 1024,
         tap: FrameTap | None = None,
-        threads: int = 1,
+        threads: int | None = None,
         allow_insecure: bool = False,
     ) -> None:
         if isinstance(companion, str) and token:
@@ -173,7 +177,8 @@ class Client:
                preset: str | None = None, stop: Sequence[str] = (), offline: str = "degrade",
                before: str | None = None, result: list[Result] | None = None,
                on_mode: Callable[[ModeChange], None] | None = None,
-               settings: Params | None = None, **params: Any) -> Iterator[Piece]:
+               settings: Params | None = None, cancel: threading.Event | None = None,
+               **params: Any) -> Iterator[Piece]:
         """Yield text pieces as tokens are decided.
 
         settings: a whole `Params`; or `preset` plus `params`, which are `Params` fields.
@@ -181,6 +186,9 @@ class Client:
         offline: "degrade" (go on with the local Specialist when the companion is unreachable or
         drops, reconnecting with backoff), "fail" (raise CompanionUnavailable) or
         "wait(SECONDS)". `on_mode` is told of every switch between collaborative and local.
+
+        cancel: set it (from any thread) to stop the generation at the next token or prefill
+        chunk; the stream ends, the companion session is closed and `stats.cancelled` is set.
         """
         policy = OfflinePolicy.parse(offline)
         if settings is None:
@@ -205,7 +213,7 @@ class Client:
 
         connector = connect if self.companion is not None else None
         events = decode(self.specialist, device_prompt, settings, None, stats, connect=connector,
-                        offline=policy, on_mode=on_mode)
+                        offline=policy, on_mode=on_mode, cancel=cancel)
 
         def pieces() -> Iterator[tuple[str, TokenEvent]]:
             """New text and the token that completed it; unfinished characters wait for the rest."""
@@ -249,7 +257,7 @@ class Client:
                     wait_s=link_stats.wait_s, bytes_up=link_stats.bytes_up,
                     bytes_down=link_stats.bytes_down, degraded=stats.degraded,
                     offline_reason=stats.offline_reason, reconnects=stats.reconnects,
-                    pipelined=stats.pipelined,
+                    pipelined=stats.pipelined, cancelled=stats.cancelled,
                     records=prompt.records, truncated=prompt.truncated,
                 ),
             ))

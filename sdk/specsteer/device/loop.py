@@ -9,6 +9,7 @@ the drafts. Never the private prompt, never P_Sc.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import replace
@@ -19,6 +20,7 @@ from specsteer.device.drafting import choose
 from specsteer.device.events import DecodeStats, DevicePrompt, TokenEvent
 from specsteer.device.offline import LINK_ERRORS, ModeChange, OfflinePolicy, Reconnector
 from specsteer.device.rounds import collaborate
+from specsteer.errors import GenerationCancelled
 from specsteer.link import CompanionLink
 from specsteer.runtime.base import LanguageModel
 from specsteer.runtime.track import Track
@@ -35,6 +37,7 @@ def decode(
     connect: Callable[[], CompanionLink] | None = None,
     offline: OfflinePolicy | str = "degrade",
     on_mode: Callable[[ModeChange], None] | None = None,
+    cancel: threading.Event | None = None,
 ) -> Iterator[TokenEvent]:
     """Yield generated tokens for `prompt` with `params.method`; stops at end-of-text.
 
@@ -43,8 +46,11 @@ def decode(
     the tokens come from the local Specialist (provenance "local"), `stats.degraded` is set, and
     `connect` is retried with backoff; a reconnect re-opens the session on the public prompt
     plus everything committed so far and collaboration resumes in the same generation.
+
+    `cancel`: once set (from any thread), the generation ends at the next token or prefill
+    chunk boundary with `stats.cancelled` set; its companion session is closed as usual.
     """
-    generation = _Generation(specialist, prompt, params, stats, connect, offline, on_mode)
+    generation = _Generation(specialist, prompt, params, stats, connect, offline, on_mode, cancel)
     yield from generation.run(link)
 
 
@@ -60,8 +66,10 @@ class _Generation:
         connect: Callable[[], CompanionLink] | None,
         offline: OfflinePolicy | str,
         on_mode: Callable[[ModeChange], None] | None,
+        cancel: threading.Event | None = None,
     ) -> None:
         self.specialist, self.prompt, self.params = specialist, prompt, params
+        self.cancel = cancel if cancel is not None else threading.Event()
         self.stats = stats if stats is not None else DecodeStats()
         self.policy = OfflinePolicy.parse(offline)
         self.links = Reconnector(self.policy, connect)
@@ -78,41 +86,48 @@ class _Generation:
         self.local = Track(specialist, self.prompt_ids, room, lazy=True)
 
     def run(self, link: CompanionLink | None) -> Iterator[TokenEvent]:
-        params, stats = self.params, self.stats
-        if params.method != "llm":  # the LLM baseline needs the Specialist only if it goes offline
-            self.local.prefill()
-        stats.prefill_s += time.perf_counter() - self.started
         try:
-            if params.collaborative:
-                try:
-                    self._go_remote(link if link is not None else self.links.connect())
-                except LINK_ERRORS as exc:
-                    self._lost(exc)
-            while len(self.out) < params.max_new_tokens:
-                if self.remote is not None:
-                    try:
-                        token, provenance = next(self.remote)
-                    except StopIteration:
-                        return
-                    except LINK_ERRORS as exc:
-                        self._drop_remote()
-                        self.local.resync([*self.prompt_ids, *self.out])
-                        self._lost(exc)
-                        continue
-                elif params.collaborative and (back := self.links.poll()) is not None:
-                    self._go_remote(back)
-                    stats.reconnects += 1
-                    self._announce("collaborative", "companion is back")
-                    continue
-                else:
-                    token, provenance = self._local_token(), "local"
-                yield self._emit(token, provenance)
-                if token in self.eos:
-                    return
+            yield from self._run(link)
+        except GenerationCancelled:
+            self.stats.cancelled = True
         finally:
             self._drop_remote()
             self.links.close()
             self.local.close()
+
+    def _run(self, link: CompanionLink | None) -> Iterator[TokenEvent]:
+        params, stats = self.params, self.stats
+        if params.method != "llm":  # the LLM baseline needs the Specialist only if it goes offline
+            self.local.prefill(self.cancel)
+        stats.prefill_s += time.perf_counter() - self.started
+        if params.collaborative:
+            try:
+                self._go_remote(link if link is not None else self.links.connect())
+            except LINK_ERRORS as exc:
+                self._lost(exc)
+        while len(self.out) < params.max_new_tokens:
+            if self.cancel.is_set():
+                raise GenerationCancelled("generation cancelled")
+            if self.remote is not None:
+                try:
+                    token, provenance = next(self.remote)
+                except StopIteration:
+                    return
+                except LINK_ERRORS as exc:
+                    self._drop_remote()
+                    self.local.resync([*self.prompt_ids, *self.out])
+                    self._lost(exc)
+                    continue
+            elif params.collaborative and (back := self.links.poll()) is not None:
+                self._go_remote(back)
+                stats.reconnects += 1
+                self._announce("collaborative", "companion is back")
+                continue
+            else:
+                token, provenance = self._local_token(), "local"
+            yield self._emit(token, provenance)
+            if token in self.eos:
+                return
 
     def _go_remote(self, link: CompanionLink) -> None:
         """Collaborate over `link` from here: the public prompt plus every token so far."""
