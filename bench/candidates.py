@@ -94,7 +94,7 @@ def main() -> None:
                                  alpha=args.alpha, max_new_tokens=args.max_new_tokens)
         if result.stats.degraded:
             raise SystemExit(f"user {user}: generation degraded ({result.stats.offline_reason})")
-        _, prompt = client.prepare(shared.query, task=shared.task)
+        _, prompt = client.render(shared.query, task=shared.task)
         tokens = result.tokens
         lg = forced_logp(generalist, list(prompt.public_ids), tokens)
         ls0 = forced_logp(specialist, list(prompt.public_ids), tokens)

@@ -207,7 +207,7 @@ def public_text(specialist, user, max_prompt_tokens: int) -> tuple[str, Client]:
     store = HistoryStore(memory=True)
     store.add_many(user.records)
     client = Client(specialist, history=store, max_prompt_tokens=max_prompt_tokens)
-    _, prompt = client.prepare(user.query, task=user.task)
+    _, prompt = client.render(user.query, task=user.task)
     return specialist.tokenizer.decode(list(prompt.public_ids), skip_special=False), client
 
 

@@ -213,7 +213,7 @@ def main() -> None:
                 specialist, history=store, companion=url, max_prompt_tokens=args.max_prompt_tokens,
                 tap=lambda d, f: frames.append((d, f)),
             )
-            _, device_prompt = client.prepare(shared.query, task=shared.task)
+            _, device_prompt = client.render(shared.query, task=shared.task)
             for _ in range(args.repeat):
                 rate, ttft = generalist_alone(
                     generalist, list(device_prompt.public_ids), args.max_new_tokens

@@ -7,6 +7,7 @@ import threading
 
 import numpy as np
 import pytest
+from counting import CountingSession
 
 from specsteer.errors import GenerationCancelled
 from specsteer.models.tiny import tiny_model_dir
@@ -32,36 +33,11 @@ def test_chunked_prefill_gives_the_one_shot_logits(tiny_model, chunk):
     assert np.argmax(chunked.row) == np.argmax(whole.row)
 
 
-class _CountingSession:
-    """The real session, counting appended tokens and setting `cancel` after `after` passes."""
-
-    def __init__(self, session, cancel: threading.Event | None = None, after: int = 1) -> None:
-        self.inner, self.cancel, self.after = session, cancel, after
-        self.passes: list[int] = []
-
-    @property
-    def length(self) -> int:
-        return self.inner.length
-
-    def append(self, ids):
-        self.passes.append(len(ids))
-        rows = self.inner.append(ids)
-        if self.cancel is not None and len(self.passes) >= self.after:
-            self.cancel.set()
-        return rows
-
-    def rewind(self, length: int) -> None:
-        self.inner.rewind(length)
-
-    def close(self) -> None:
-        self.inner.close()
-
-
 def test_a_cancelled_prefill_stops_at_a_chunk_boundary_and_resumes(tiny_model):
     prompt = _prompt(tiny_model, 300)
     cancel = threading.Event()
     track = Track(tiny_model, prompt, 400, lazy=True, chunk=64)
-    track.session = counting = _CountingSession(track.session, cancel, after=2)
+    track.session = counting = CountingSession(track.session, cancel, after=2)
     with pytest.raises(GenerationCancelled):
         track.prefill(cancel)
     assert counting.passes == [64, 64]  # the third chunk never ran
@@ -75,7 +51,7 @@ def test_retarget_keeps_the_common_prefix_only(tiny_model):
     first = _prompt(tiny_model, 200)
     changed = [*first[:150], *_prompt(tiny_model, 30)[::-1]]
     track = Track(tiny_model, first, 400)
-    track.session = counting = _CountingSession(track.session)
+    track.session = counting = CountingSession(track.session)
     kept = track.retarget(first, changed)
     assert kept == common_prefix(first, changed) == 150
     track.prefill()

@@ -38,6 +38,7 @@ def decode(
     offline: OfflinePolicy | str = "degrade",
     on_mode: Callable[[ModeChange], None] | None = None,
     cancel: threading.Event | None = None,
+    local: Track | None = None,
 ) -> Iterator[TokenEvent]:
     """Yield generated tokens for `prompt` with `params.method`; stops at end-of-text.
 
@@ -49,8 +50,12 @@ def decode(
 
     `cancel`: once set (from any thread), the generation ends at the next token or prefill
     chunk boundary with `stats.cancelled` set; its companion session is closed as usual.
+    `local`: the Specialist's track over the private prompt, prefilled or pending, when the
+    caller keeps one between generations (`specsteer.prepared`); it is not closed here.
     """
-    generation = _Generation(specialist, prompt, params, stats, connect, offline, on_mode, cancel)
+    generation = _Generation(
+        specialist, prompt, params, stats, connect, offline, on_mode, cancel, local
+    )
     yield from generation.run(link)
 
 
@@ -67,6 +72,7 @@ class _Generation:
         offline: OfflinePolicy | str,
         on_mode: Callable[[ModeChange], None] | None,
         cancel: threading.Event | None = None,
+        local: Track | None = None,
     ) -> None:
         self.specialist, self.prompt, self.params = specialist, prompt, params
         self.cancel = cancel if cancel is not None else threading.Event()
@@ -83,7 +89,9 @@ class _Generation:
         # the SLM baseline reads the public prompt; every other method the private one
         self.prompt_ids = list(prompt.private_ids if params.method != "slm" else prompt.public_ids)
         room = len(self.prompt_ids) + params.max_new_tokens + 64
-        self.local = Track(specialist, self.prompt_ids, room, lazy=True)
+        self.owns_local = local is None
+        self.local = local if local is not None else \
+            Track(specialist, self.prompt_ids, room, lazy=True)
 
     def run(self, link: CompanionLink | None) -> Iterator[TokenEvent]:
         try:
@@ -93,7 +101,8 @@ class _Generation:
         finally:
             self._drop_remote()
             self.links.close()
-            self.local.close()
+            if self.owns_local:
+                self.local.close()
 
     def _run(self, link: CompanionLink | None) -> Iterator[TokenEvent]:
         params, stats = self.params, self.stats
