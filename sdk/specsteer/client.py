@@ -74,6 +74,8 @@ class GenerationStats:
     prefill_reused: int = 0  # private prompt tokens whose KV state a `prepare` or an earlier
     #                          generation had already computed (exact rewind)
     prefill_tokens: int = 0  # private prompt tokens this generation prefilled itself
+    warm_tokens: int = 0  # Generalist tokens written during a warm start, before the switch
+    switch_s: float | None = None  # when Draft-Verify-Recover took over (None: no warm start)
     cancelled: bool = False  # stopped by the caller's cancel event
     records: tuple[str, ...] = ()
     truncated: tuple[str, ...] = ()
@@ -305,6 +307,7 @@ class Client:
                     offline_reason=stats.offline_reason, reconnects=stats.reconnects,
                     pipelined=stats.pipelined, cancelled=stats.cancelled,
                     prefill_reused=reused, prefill_tokens=to_prefill,
+                    warm_tokens=stats.warm_tokens, switch_s=stats.switch_s,
                     records=prompt.records, truncated=prompt.truncated,
                 ),
             ))

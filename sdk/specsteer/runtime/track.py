@@ -63,14 +63,14 @@ class Track:
         """Prompt tokens not prefilled yet."""
         return len(self._pending) if self._pending is not None else 0
 
-    def prefill(self, cancel: threading.Event | None = None) -> None:
+    def prefill(self, *cancel: threading.Event | None) -> None:
         """Run what is left of the prompt now, `chunk` tokens per pass.
 
-        Raises `GenerationCancelled` at a chunk boundary once `cancel` is set; the chunks
-        already run stay in the session and `prefill` resumes from there.
+        Raises `GenerationCancelled` at a chunk boundary once any `cancel` event is set; the
+        chunks already run stay in the session and `prefill` resumes from there.
         """
         while self._pending:
-            if cancel is not None and cancel.is_set():
+            if any(event is not None and event.is_set() for event in cancel):
                 raise GenerationCancelled("prefill cancelled")
             part = self._pending[: self.chunk]
             self._row = self.session.append(part)[-1]
