@@ -121,6 +121,16 @@ def test_the_client_reports_the_warm_start(tiny_model, tiny_generalist):
     assert stats.switch_s is not None and stats.warm_tokens == \
         result.provenance.count("generalist")
     assert result.provenance[: stats.warm_tokens] == ["generalist"] * stats.warm_tokens
+    # the stats table (CLI and demo) says where the wait went
+    from rich.console import Console
+
+    from specsteer.cli.generate import stats_table
+
+    console = Console(width=200, record=True)
+    console.print(stats_table(result))
+    text = console.export_text()
+    assert f"{stats.warm_tokens} Generalist tokens, Draft-Verify-Recover from" in text
+    assert f"({stats.prefill_tokens} prompt tokens; 0 reused" in text
 
 
 def test_the_estimate_scales_with_the_weights_and_threads():
