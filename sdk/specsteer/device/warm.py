@@ -15,8 +15,10 @@ import time
 from specsteer.runtime.base import LanguageModel
 from specsteer.runtime.track import Track
 
-# Multiply-adds per second one CPU core sustains in an int8 prefill (conservative; measured
-# 60-130 G on the benchmark machine's cores, docs/BENCHMARKS.md "Latency").
+# Operations per second one CPU core sustains in an int8 prefill: a round, conservative figure
+# (one core of the benchmark machine ran Qwen2.5-0.5B's int8 prefill at ~48 G multiply-adds/s,
+# ~97 G ops/s, docs/BENCHMARKS.md "Latency"); weight bytes also overcount parameters (fp32
+# embeddings), so the estimate errs towards a warm start. It only decides whether one pays.
 OPS_PER_CORE = 50e9
 
 
