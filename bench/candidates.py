@@ -91,10 +91,11 @@ def main() -> None:
         client = Client(specialist, history=store, max_prompt_tokens=args.max_prompt_tokens,
                         companion=lambda: LocalChannel.for_verifier(verifier))
         result = client.generate(shared.query, task=shared.task, gamma=args.gamma,
-                                 alpha=args.alpha, max_new_tokens=args.max_new_tokens)
+                                 alpha=args.alpha, max_new_tokens=args.max_new_tokens,
+                                 warm_start=False)
         if result.stats.degraded:
             raise SystemExit(f"user {user}: generation degraded ({result.stats.offline_reason})")
-        _, prompt = client.prepare(shared.query, task=shared.task)
+        _, prompt = client.render(shared.query, task=shared.task)
         tokens = result.tokens
         lg = forced_logp(generalist, list(prompt.public_ids), tokens)
         ls0 = forced_logp(specialist, list(prompt.public_ids), tokens)

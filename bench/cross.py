@@ -171,7 +171,8 @@ def timed_stream(client: Client, user, **params) -> Run:
     stamps: list[float] = []
     first = ""
     started = time.perf_counter()
-    for piece in client.stream(user.query, task=user.task, result=out, **params):
+    for piece in client.stream(user.query, task=user.task, result=out, warm_start=False,
+                               **params):
         stamps.append(time.perf_counter() - started)
         first = first or piece.text
     result = out[0]
@@ -207,7 +208,7 @@ def public_text(specialist, user, max_prompt_tokens: int) -> tuple[str, Client]:
     store = HistoryStore(memory=True)
     store.add_many(user.records)
     client = Client(specialist, history=store, max_prompt_tokens=max_prompt_tokens)
-    _, prompt = client.prepare(user.query, task=user.task)
+    _, prompt = client.render(user.query, task=user.task)
     return specialist.tokenizer.decode(list(prompt.public_ids), skip_special=False), client
 
 

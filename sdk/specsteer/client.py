@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import ssl
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -28,6 +29,7 @@ from specsteer.device import (
 from specsteer.errors import CompanionConfigError, CompanionUnavailable
 from specsteer.history import HistoryStore, Prompt, build_prompt, retrieve
 from specsteer.link import CompanionLink, FrameChannel, FrameTap, LinkStats
+from specsteer.prepared import KeptTracks
 from specsteer.runtime import load_model
 from specsteer.runtime.base import LanguageModel
 from specsteer.tokenizer import Message
@@ -69,12 +71,32 @@ class GenerationStats:
     offline_reason: str | None = None  # why generation went local, when it did
     reconnects: int = 0  # times collaboration resumed after the companion came back
     pipelined: int = 0  # rounds drafted while the previous round was being verified
+    prefill_reused: int = 0  # private prompt tokens whose KV state a `prepare` or an earlier
+    #                          generation had already computed (exact rewind)
+    prefill_tokens: int = 0  # private prompt tokens this generation prefilled itself
+    warm_tokens: int = 0  # Generalist tokens written during a warm start, before the switch
+    switch_s: float | None = None  # when Draft-Verify-Recover took over (None: no warm start)
+    cancelled: bool = False  # stopped by the caller's cancel event
     records: tuple[str, ...] = ()
     truncated: tuple[str, ...] = ()
 
     @property
     def bytes_per_token(self) -> float:
         return (self.bytes_up + self.bytes_down) / self.tokens if self.tokens else 0.0
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A request `Client.prepare` retrieved for and is prefilling in the background."""
+
+    prompt: Prompt = field(repr=False)
+    device_prompt: DevicePrompt = field(repr=False)
+    worker: threading.Thread = field(repr=False)
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until the prefill is done (or `timeout`); True when it is."""
+        self.worker.join(timeout)
+        return not self.worker.is_alive()
 
 
 @dataclass
@@ -100,6 +122,8 @@ class Client:
         default (`CompanionConfigError`): anyone on the path could read the token and the
         prompt. Use wss:// instead; this is for trusted private networks only, and logs a
         warning.
+    threads: ONNX Runtime threads of a Specialist loaded here (None: every core this process
+        may use).
     """
 
     def __init__(
@@ -116,7 +140,7 @@ class Client:
         retrieve_k: int = 5,
         max_prompt_tokens: int = 1024,
         tap: FrameTap | None = None,
-        threads: int = 1,
+        threads: int | None = None,
         allow_insecure: bool = False,
     ) -> None:
         if isinstance(companion, str) and token:
@@ -133,10 +157,11 @@ class Client:
         self.retrieve_k = retrieve_k
         self.max_prompt_tokens = max_prompt_tokens
         self.tap = tap
+        self._kept = KeptTracks(self.specialist)
 
     # -- prompts ---------------------------------------------------------------------------
-    def prepare(self, query: Mapping[str, Any] | str, *, task: str = "email",
-                before: str | None = None) -> tuple[Prompt, DevicePrompt]:
+    def render(self, query: Mapping[str, Any] | str, *, task: str = "email",
+               before: str | None = None) -> tuple[Prompt, DevicePrompt]:
         """Retrieve the private context and render both views of the request."""
         hits = retrieve(self.history, task, query, self.retrieve_k, before=before) \
             if self.history is not None and self.retrieve_k > 0 else []
@@ -147,6 +172,26 @@ class Client:
             tok.chat_ids([Message(m["role"], m["content"]) for m in prompt.messages(private=p)])
             for p in (True, False))
         return prompt, DevicePrompt(private_ids=private_ids, public_ids=public_ids)
+
+    def prepare(self, query: Mapping[str, Any] | str, *, task: str = "email",
+                before: str | None = None) -> Prepared:
+        """Retrieve and prefill a request ahead of time (while the user is still typing).
+
+        Returns at once; the Specialist prefills the private prompt on a background thread
+        and the Client keeps that state (one per task). A following `generate`/`stream` for
+        `task` reuses every prompt token it shares with it from the start (the task's
+        instructions, the records still retrieved, the request's unchanged words) and runs
+        only the rest; if the prefill is still running, the generation takes over from the
+        chunk it reached. Calling it again as the request changes is cheap: the shared
+        prefix is kept.
+        """
+        prompt, device_prompt = self.render(query, task=task, before=before)
+        worker = self._kept.prepare(task, device_prompt.private_ids)
+        return Prepared(prompt, device_prompt, worker)
+
+    def close(self) -> None:
+        """Free the kept prefill states (their KV caches)."""
+        self._kept.close()
 
     # -- companion -------------------------------------------------------------------------
     def _connect(self, stats: LinkStats | None = None) -> CompanionLink | None:
@@ -174,6 +219,7 @@ class Client:
                before: str | None = None, result: list[Result] | None = None,
                on_mode: Callable[[ModeChange], None] | None = None,
                settings: Params | None = None, user_length: bool = True,
+               cancel: threading.Event | None = None,
                **params: Any) -> Iterator[Piece]:
         """Yield text pieces as tokens are decided.
 
@@ -186,6 +232,9 @@ class Client:
         offline: "degrade" (go on with the local Specialist when the companion is unreachable or
         drops, reconnecting with backoff), "fail" (raise CompanionUnavailable) or
         "wait(SECONDS)". `on_mode` is told of every switch between collaborative and local.
+
+        cancel: set it (from any thread) to stop the generation at the next token or prefill
+        chunk; the stream ends, the companion session is closed and `stats.cancelled` is set.
         """
         policy = OfflinePolicy.parse(offline)
         if settings is None:
@@ -193,12 +242,17 @@ class Client:
         elif preset is not None or params:
             raise ValueError("give either settings or preset/params, not both")
         started = time.perf_counter()
-        prompt, device_prompt = self.prepare(query, task=task, before=before)
+        prompt, device_prompt = self.render(query, task=task, before=before)
         if user_length and prompt.length is not None:
             low, high = prompt.length.clamp(settings.max_new_tokens)
             settings = replace(settings, min_new_tokens=max(settings.min_new_tokens, low),
                                max_new_tokens=high)
         retrieval_s = time.perf_counter() - started
+        local, reused, to_prefill = None, 0, 0
+        if settings.method != "slm":  # the SLM baseline reads the public prompt only
+            room = len(device_prompt.private_ids) + settings.max_new_tokens + 64
+            local, reused = self._kept.take(task, device_prompt.private_ids, room)
+            to_prefill = local.pending
         stats = DecodeStats()
         link_stats = LinkStats()
         tokens: list[int] = []
@@ -214,7 +268,7 @@ class Client:
 
         connector = connect if self.companion is not None else None
         events = decode(self.specialist, device_prompt, settings, None, stats, connect=connector,
-                        offline=policy, on_mode=on_mode)
+                        offline=policy, on_mode=on_mode, cancel=cancel, local=local)
 
         def pieces() -> Iterator[tuple[str, TokenEvent]]:
             """New text and the token that completed it; unfinished characters wait for the rest."""
@@ -243,6 +297,8 @@ class Client:
                 yield Piece(piece, event.token, event.provenance, event.round)
         finally:
             events.close()
+            if local is not None:
+                self._kept.give_back(task, local, device_prompt.private_ids)
         if result is not None:
             total = time.perf_counter() - started
             result.append(Result(
@@ -258,7 +314,9 @@ class Client:
                     wait_s=link_stats.wait_s, bytes_up=link_stats.bytes_up,
                     bytes_down=link_stats.bytes_down, degraded=stats.degraded,
                     offline_reason=stats.offline_reason, reconnects=stats.reconnects,
-                    pipelined=stats.pipelined,
+                    pipelined=stats.pipelined, cancelled=stats.cancelled,
+                    prefill_reused=reused, prefill_tokens=to_prefill,
+                    warm_tokens=stats.warm_tokens, switch_s=stats.switch_s,
                     records=prompt.records, truncated=prompt.truncated,
                 ),
             ))
@@ -295,4 +353,4 @@ def _find_stop(text: str, stop: Sequence[str]) -> int | None:
     return min(positions) if positions else None
 
 
-__all__ = ["Client", "GenerationStats", "Piece", "Result", "TokenEvent"]
+__all__ = ["Client", "GenerationStats", "Piece", "Prepared", "Result", "TokenEvent"]

@@ -62,6 +62,10 @@ class CompanionError(SpecSteerError):
         self.code = code
 
 
+class GenerationCancelled(SpecSteerError):
+    """The caller's cancel event was set: the generation (or its prefill) stopped early."""
+
+
 class CompanionUnavailable(SpecSteerError):
     """The companion could not be reached, timed out, or dropped the connection."""
 

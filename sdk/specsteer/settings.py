@@ -51,6 +51,12 @@ class Params:
     pipeline: bool = True  # draft the next round while the companion verifies (greedy only)
     adaptive_k: bool = False  # choose K each round in [1, k_max] from measured costs (starts at k)
     k_max: int = 8
+    # warm start: while the device prefills its private prompt, the companion writes from the
+    # public prompt (Generalist tokens), then the generation switches to Draft-Verify-Recover;
+    # used when a companion is reachable and the prefill left is estimated to take at least
+    # `warm_start_min_s` (`device.warm.estimated_prefill_s`; 0 = whenever anything is left)
+    warm_start: bool = True
+    warm_start_min_s: float = 0.5
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
@@ -61,6 +67,8 @@ class Params:
             raise ValueError("k >= 0, top_k >= 1, max_new_tokens >= 0 and gamma >= 0 are required")
         if self.select not in SELECTS:
             raise ValueError("select must be 'generalist' or 'difference'")
+        if self.warm_start_min_s < 0:
+            raise ValueError("warm_start_min_s must be >= 0")
         if self.adaptive_k and not 1 <= self.k <= self.k_max:
             raise ValueError("adaptive_k needs 1 <= k <= k_max")
 

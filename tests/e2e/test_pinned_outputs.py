@@ -30,7 +30,8 @@ def _generate(specialist, generalist, case: dict, max_new: int, pins: dict = PIN
               ) -> tuple[list[int], list[str]]:
     tok = specialist.tokenizer
     prompt = DevicePrompt(tok.encode(pins["private"]), tok.encode(pins["public"]))
-    params = Params(max_new_tokens=max_new, **case)
+    # pins are the method's cold-start text; a warm start (timing-dependent) is pinned elsewhere
+    params = Params(max_new_tokens=max_new, warm_start=False, **case)
     link = None
     if params.collaborative:
         link = CompanionLink(LocalChannel.for_verifier(Verifier(generalist, specialist)))

@@ -199,7 +199,7 @@ def test_companion_dying_mid_generation_completes_locally(tiny_model, verifier, 
     assert result.provenance[0] != "local" and result.provenance[-1] == "local"
     # the local continuation is exactly what the Specialist would write after that prefix
     session = tiny_model.new_session()
-    _, device_prompt = client.prepare(SUBJECT)
+    _, device_prompt = client.render(SUBJECT)
     first_local = result.provenance.index("local")
     row = session.append([*device_prompt.private_ids, *result.tokens[:first_local]])[-1]
     assert result.tokens[first_local] == int(np.argmax(row))

@@ -111,7 +111,8 @@ class EvalConfig:
     def params(self, spec: MethodSpec) -> Params:
         return Params(method=spec.method, gamma=spec.gamma, alpha=self.alpha, k=self.draft_k,
                       top_k=self.top_k, max_new_tokens=self.max_new_tokens,
-                      costeer_iterations=self.costeer_iterations, pipeline=self.pipeline)
+                      costeer_iterations=self.costeer_iterations, pipeline=self.pipeline,
+                      warm_start=False)  # the method's own text: no timing-dependent start
 
 
 class MeteredChannel:

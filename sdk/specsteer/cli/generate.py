@@ -61,7 +61,10 @@ def stats_table(result: Result) -> Table:
         ("tokens/s", f"{s.tokens_per_s:.2f}"),
         ("time to first token", f"{s.first_token_s or 0:.2f} s"),
         ("retrieval", f"{s.retrieval_s * 1e3:.1f} ms"),
-        ("device prefill", f"{s.prefill_s:.2f} s"),
+        ("device prefill", f"{s.prefill_s:.2f} s ({s.prefill_tokens} prompt tokens; "
+                           f"{s.prefill_reused} reused from prepare/earlier)"),
+        ("warm start", f"{s.warm_tokens} Generalist tokens, Draft-Verify-Recover from "
+                       f"{s.switch_s:.2f} s" if s.switch_s is not None else "no"),
         ("device compute", f"{s.device_s:.2f} s"),
         ("companion + network", f"{s.wait_s:.2f} s"),
         ("total", f"{s.total_s:.2f} s"),

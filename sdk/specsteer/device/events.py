@@ -37,6 +37,9 @@ class DecodeStats:
     offline_reason: str | None = None
     reconnects: int = 0  # times collaboration resumed after going local
     pipelined: int = 0  # rounds whose draft was made while the previous one was verified
+    cancelled: bool = False  # the caller's cancel event stopped the generation
+    warm_tokens: int = 0  # Generalist tokens written during a warm start, before the switch
+    switch_s: float | None = None  # seconds from the start until Draft-Verify-Recover took over
     accept_lengths: list[int] = field(default_factory=list)
 
     @property

@@ -9,6 +9,7 @@ the drafts. Never the private prompt, never P_Sc.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import replace
@@ -19,7 +20,9 @@ from specsteer import steer
 from specsteer.device.drafting import choose
 from specsteer.device.events import DecodeStats, DevicePrompt, TokenEvent
 from specsteer.device.offline import LINK_ERRORS, ModeChange, OfflinePolicy, Reconnector
-from specsteer.device.rounds import collaborate
+from specsteer.device.rounds import MODES, collaborate
+from specsteer.device.warm import BackgroundPrefill, estimated_prefill_s
+from specsteer.errors import GenerationCancelled
 from specsteer.link import CompanionLink
 from specsteer.runtime.base import LanguageModel
 from specsteer.runtime.track import Track
@@ -36,6 +39,9 @@ def decode(
     connect: Callable[[], CompanionLink] | None = None,
     offline: OfflinePolicy | str = "degrade",
     on_mode: Callable[[ModeChange], None] | None = None,
+    cancel: threading.Event | None = None,
+    local: Track | None = None,
+    switch_after: int | None = None,
 ) -> Iterator[TokenEvent]:
     """Yield generated tokens for `prompt` with `params.method`; stops at end-of-text.
 
@@ -44,8 +50,24 @@ def decode(
     the tokens come from the local Specialist (provenance "local"), `stats.degraded` is set, and
     `connect` is retried with backoff; a reconnect re-opens the session on the public prompt
     plus everything committed so far and collaboration resumes in the same generation.
+
+    `cancel`: once set (from any thread), the generation ends at the next token or prefill
+    chunk boundary with `stats.cancelled` set; its companion session is closed as usual.
+    `local`: the Specialist's track over the private prompt, prefilled or pending, when the
+    caller keeps one between generations (`specsteer.prepared`); it is not closed here.
+
+    Warm start (`params.warm_start`, SpecSteer and speculative decoding, a companion reachable
+    and the prefill left estimated at `params.warm_start_min_s` or more): the
+    companion writes Generalist tokens from the public prompt (the LLM baseline's rows,
+    provenance "generalist") while the device prefills on a background thread; at the first
+    token boundary after the prefill is done, the device appends the tokens written so far and
+    re-opens the session on the public prompt plus those tokens, exactly as after a reconnect.
+    `switch_after` pins that switch at a token count instead (tests and benchmarks: it waits
+    for the prefill there), so where it happens never depends on timing.
     """
-    generation = _Generation(specialist, prompt, params, stats, connect, offline, on_mode)
+    generation = _Generation(
+        specialist, prompt, params, stats, connect, offline, on_mode, cancel, local, switch_after
+    )
     yield from generation.run(link)
 
 
@@ -61,8 +83,12 @@ class _Generation:
         connect: Callable[[], CompanionLink] | None,
         offline: OfflinePolicy | str,
         on_mode: Callable[[ModeChange], None] | None,
+        cancel: threading.Event | None = None,
+        local: Track | None = None,
+        switch_after: int | None = None,
     ) -> None:
         self.specialist, self.prompt, self.params = specialist, prompt, params
+        self.cancel = cancel if cancel is not None else threading.Event()
         self.stats = stats if stats is not None else DecodeStats()
         self.policy = OfflinePolicy.parse(offline)
         self.links = Reconnector(self.policy, connect)
@@ -76,51 +102,81 @@ class _Generation:
         # the SLM baseline reads the public prompt; every other method the private one
         self.prompt_ids = list(prompt.private_ids if params.method != "slm" else prompt.public_ids)
         room = len(self.prompt_ids) + params.max_new_tokens + 64
-        self.local = Track(specialist, self.prompt_ids, room, lazy=True)
+        self.switch_after = switch_after
+        self.warming: BackgroundPrefill | None = None
+        self.owns_local = local is None
+        self.local = local if local is not None else \
+            Track(specialist, self.prompt_ids, room, lazy=True)
 
     def run(self, link: CompanionLink | None) -> Iterator[TokenEvent]:
-        params, stats = self.params, self.stats
-        if params.method != "llm":  # the LLM baseline needs the Specialist only if it goes offline
-            self.local.prefill()
-        stats.prefill_s += time.perf_counter() - self.started
         try:
-            if params.collaborative:
-                try:
-                    self._go_remote(link if link is not None else self.links.connect())
-                except LINK_ERRORS as exc:
-                    self._lost(exc)
-            while len(self.out) < params.max_new_tokens:
-                if self.remote is not None:
-                    try:
-                        token, provenance = next(self.remote)
-                    except StopIteration:
-                        return
-                    except LINK_ERRORS as exc:
-                        self._drop_remote()
-                        self.local.resync([*self.prompt_ids, *self.out])
-                        self._lost(exc)
-                        continue
-                elif params.collaborative and (back := self.links.poll()) is not None:
-                    self._go_remote(back)
-                    stats.reconnects += 1
-                    self._announce("collaborative", "companion is back")
-                    continue
-                else:
-                    token, provenance = self._local_token(), "local"
-                yield self._emit(token, provenance)
-                if token in self.eos:
-                    return
+            yield from self._run(link)
+        except GenerationCancelled:
+            self.stats.cancelled = True
         finally:
+            if self.warming is not None:
+                self.warming.abandon()
             self._drop_remote()
             self.links.close()
-            self.local.close()
+            if self.owns_local:
+                self.local.close()
+
+    def _run(self, link: CompanionLink | None) -> Iterator[TokenEvent]:
+        params, stats = self.params, self.stats
+        warm = self._warm_start_wanted(link)
+        if warm:
+            self.warming = BackgroundPrefill(self.local, self.cancel)
+        elif params.method != "llm":  # the LLM baseline needs the Specialist only offline
+            self.local.prefill(self.cancel)
+            stats.prefill_s += time.perf_counter() - self.started
+        if params.collaborative:
+            try:
+                link = link if link is not None else self.links.connect()
+                self.open_links.append(link)
+                self._collaborate(link, warm=warm)
+            except LINK_ERRORS as exc:
+                self._end_warm_start()
+                self._lost(exc)
+        while len(self.out) < params.max_new_tokens:
+            if self.cancel.is_set():
+                raise GenerationCancelled("generation cancelled")
+            if self.warming is not None and self._switch_due():
+                self._switch()
+            if self.remote is not None:
+                try:
+                    token, provenance = next(self.remote)
+                except StopIteration:
+                    return
+                except LINK_ERRORS as exc:
+                    self._drop_remote()
+                    self._end_warm_start()
+                    self.local.resync([*self.prompt_ids, *self.out])
+                    self._lost(exc)
+                    continue
+            elif params.collaborative and (back := self.links.poll()) is not None:
+                self._go_remote(back)
+                stats.reconnects += 1
+                self._announce("collaborative", "companion is back")
+                continue
+            else:
+                token, provenance = self._local_token(), "local"
+            yield self._emit(token, provenance)
+            if token in self.eos:
+                return
 
     def _go_remote(self, link: CompanionLink) -> None:
         """Collaborate over `link` from here: the public prompt plus every token so far."""
         self.open_links.append(link)
+        self._collaborate(link)
+
+    def _collaborate(self, link: CompanionLink, *, warm: bool = False) -> None:
+        """(Re-)open the session on the public prompt plus every token so far; `warm`: as the
+        LLM baseline (Generalist rows only; the device's track is not touched)."""
+        method = "llm" if warm else self.params.method
         done = len(self.out)
         left = replace(
             self.params,
+            method=method,
             max_new_tokens=self.params.max_new_tokens - done,
             min_new_tokens=max(0, self.params.min_new_tokens - done),
         )
@@ -128,6 +184,39 @@ class _Generation:
         self.remote = collaborate(
             self.specialist, self.local, public, left, link, self.stats, self.rng
         )
+
+    def _warm_start_wanted(self, link: CompanionLink | None) -> bool:
+        params = self.params
+        reachable = link is not None or self.links.connect_fn is not None
+        pending = self.local.pending
+        return (params.warm_start and params.method in MODES and reachable and pending > 0
+                and estimated_prefill_s(self.specialist, pending) >= params.warm_start_min_s)
+
+    def _switch_due(self) -> bool:
+        assert self.warming is not None
+        if self.switch_after is not None:
+            return len(self.out) >= self.switch_after
+        return self.warming.done()
+
+    def _end_warm_start(self) -> None:
+        """Wait for the background prefill (the track is the loop's again)."""
+        if self.warming is not None:
+            warming, self.warming = self.warming, None
+            warming.join()
+            self.stats.prefill_s += warming.seconds
+
+    def _switch(self) -> None:
+        """The device is ready: append what the Generalist wrote, switch to the method."""
+        self._end_warm_start()
+        t0 = time.perf_counter()
+        if self.out:
+            self.local.extend(self.out)
+        self.stats.device_s += time.perf_counter() - t0
+        assert self.remote is not None  # going local ends the warm start first
+        self.remote.close()  # type: ignore[attr-defined]
+        self._collaborate(self.open_links[-1])
+        self.stats.warm_tokens = len(self.out)
+        self.stats.switch_s = time.perf_counter() - self.started
 
     def _lost(self, exc: Exception) -> None:
         """The companion failed: raise, wait for it, or go local, as the policy says."""

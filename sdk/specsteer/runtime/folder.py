@@ -135,6 +135,11 @@ class FolderModel:
         self.context_length: int = info.context_length
         self.tokenizer = info.tokenizer
 
+    @property
+    def weight_bytes(self) -> int:
+        """Bytes of the graph and its weights (about the parameter count at int8)."""
+        return sum(f.stat().st_size for f in self.folder.iterdir() if ".onnx" in f.name)
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.name!r}, {self.precision}, sha256={self.sha256[:12]})"
 

@@ -3,12 +3,16 @@
 One `onnxruntime_genai.Model` per loaded folder; each `OnnxSession` is a `Generator` with its own
 KV cache. `append` returns the logits of every appended position and `rewind` is the generator's
 exact `rewind_to`, so rejected drafts cost no recomputation of the kept prefix.
-Threads default to 1: two model processes spinning on a 2-core machine collapse.
+Threads default to the cores this process may run on (`default_threads`): a device's prefill
+is arithmetic-bound and scales with cores. A companion, or anything running two model
+processes on one machine, passes its own count (two processes spinning on the same cores
+collapse).
 """
 
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -23,7 +27,23 @@ from specsteer.runtime.folder import (
     resolve_folder,
 )
 
-__all__ = ["DEFAULT_MAX_LENGTH", "OnnxModel", "OnnxSession", "load_model"]
+__all__ = ["DEFAULT_MAX_LENGTH", "OnnxModel", "OnnxSession", "default_threads", "load_model"]
+
+
+def default_threads() -> int:
+    """The number of CPU cores this process may use (its affinity mask, not the machine's)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # no affinity API (macOS, Windows)
+        return max(1, os.cpu_count() or 1)
+
+
+def _threads(threads: int | None) -> int:
+    if threads is None:
+        return default_threads()
+    if threads < 1:
+        raise ValueError(f"threads must be >= 1, not {threads}")
+    return threads
 
 
 class OnnxSession:
@@ -62,8 +82,11 @@ class OnnxSession:
 class OnnxModel(FolderModel):
     """A compiled model folder loaded into ONNX Runtime GenAI."""
 
-    def __init__(self, folder: str | Path, *, threads: int = 1, verify: bool = False) -> None:
+    def __init__(
+        self, folder: str | Path, *, threads: int | None = None, verify: bool = False
+    ) -> None:
         super().__init__(folder, verify=verify)
+        threads = _threads(threads)
         info = self.info
         config = og.Config(str(self.folder))
         config.clear_providers()
@@ -84,8 +107,11 @@ def load_model(
     name_or_folder: str | Path,
     *,
     precision: str | None = None,
-    threads: int = 1,
+    threads: int | None = None,
     verify: bool = False,
 ) -> OnnxModel:
-    """Load a registry model by name (compiled at `precision`) or any compiled folder by path."""
+    """Load a registry model by name (compiled at `precision`) or any compiled folder by path.
+
+    threads: ONNX Runtime intra-op threads; None = every core this process may use.
+    """
     return OnnxModel(resolve_folder(name_or_folder, precision), threads=threads, verify=verify)

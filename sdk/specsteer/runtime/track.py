@@ -4,16 +4,32 @@ Every participant of a round holds such a pair: the device's Specialist with the
 prompt, its context-free copy (P_S0, on the device or in the companion) and the companion's
 Generalist. Rolling a rejected draft back is an index move (`keep`), as in gpt-fast: the
 session rewinds and the row of the new last position is put back from the rows already
-computed, so no model pass is spent on it.
+computed, so no model pass is spent on it. The prompt is prefilled in chunks of
+`PREFILL_CHUNK` tokens with a cancellation check between chunks; what a cancelled prefill
+already ran stays in the session and the rest stays pending, so a later `prefill` resumes it.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 
 import numpy as np
 
+from specsteer.errors import GenerationCancelled
 from specsteer.runtime.base import LanguageModel, Session
+
+PREFILL_CHUNK = 128  # tokens per prefill pass: the cancellation granularity of a prefill
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """Length of the longest common prefix of two id sequences."""
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
 
 
 class Track:
@@ -24,19 +40,55 @@ class Track:
     """
 
     def __init__(
-        self, model: LanguageModel, prompt: Sequence[int], max_length: int, *, lazy: bool = False
+        self,
+        model: LanguageModel,
+        prompt: Sequence[int],
+        max_length: int,
+        *,
+        lazy: bool = False,
+        chunk: int = PREFILL_CHUNK,
     ) -> None:
+        if chunk < 1:
+            raise ValueError("chunk must be >= 1")
         self.session: Session = model.new_session(max_length=max_length)  # type: ignore[call-arg]
+        self.max_length = max_length
+        self.chunk = chunk
         self._pending: list[int] | None = list(prompt)
         self._row: np.ndarray | None = None
         if not lazy:
             self.prefill()
 
-    def prefill(self) -> None:
-        """Run the prompt now if it has not run yet."""
-        if self._pending is not None:
-            self._row = self.session.append(self._pending)[-1]
-            self._pending = None
+    @property
+    def pending(self) -> int:
+        """Prompt tokens not prefilled yet."""
+        return len(self._pending) if self._pending is not None else 0
+
+    def prefill(self, *cancel: threading.Event | None) -> None:
+        """Run what is left of the prompt now, `chunk` tokens per pass.
+
+        Raises `GenerationCancelled` at a chunk boundary once any `cancel` event is set; the
+        chunks already run stay in the session and `prefill` resumes from there.
+        """
+        while self._pending:
+            if any(event is not None and event.is_set() for event in cancel):
+                raise GenerationCancelled("prefill cancelled")
+            part = self._pending[: self.chunk]
+            self._row = self.session.append(part)[-1]
+            self._pending = self._pending[len(part):]
+        self._pending = None
+
+    def retarget(self, held: Sequence[int], prompt: Sequence[int]) -> int:
+        """Hold `prompt` (pending, run by the next `prefill`), keeping the longest prefix it
+        shares with `held`, the ids known to start the session; returns the tokens kept.
+
+        At least the prompt's last token is run again, so its next-position row is fresh.
+        """
+        keep = min(common_prefix(held, prompt), len(prompt) - 1, self.session.length)
+        keep = max(keep, 0)
+        self.session.rewind(keep)
+        self._pending = list(prompt[keep:])
+        self._row = None
+        return keep
 
     @property
     def row(self) -> np.ndarray:

@@ -1,0 +1,238 @@
+"""The user's whole wait: time to first token and total time, real models over a real socket.
+
+Device (this process, core 0) and companion (`specsteer-companion serve` child, core 1) talk
+through `DelayProxy`, a loopback TCP proxy that holds every chunk for half the emulated round
+trip in each direction. Per user of the newsgroups email task and per round trip, one run each:
+  * SpecSteer cold (warm_start off), SpecSteer warm start (the default), SpecSteer after
+    `Client.prepare` (TTFT counted from the final request, prefill done while "typing");
+  * the Generalist alone (the LLM baseline over the same socket path: the cloud model alone);
+  * SLM+RAG (device only; the same at every round trip, run once per user).
+Ratios are against the Generalist alone of the same user and round trip, from this run.
+Also: prefill tokens/s of the Specialist per thread count (and the implied multiply-add rate),
+and how long a cancel during the prefill takes to stop the generation.
+
+    flock /tmp/specsteer-heavy.lock python bench/latency.py --users 2 --rtt 0 50 150
+    flock /tmp/specsteer-heavy.lock python bench/latency.py --users 2 --rtt 50 --threads 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import statistics
+import subprocess
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from specsteer.client import Client, Result
+from specsteer.history import HistoryStore, load_shared_user
+from specsteer.runtime import load_model
+from specsteer.runtime.track import Track
+from specsteer_companion.process import start_companion
+from specsteer_lab.eval.data import shared_file
+
+DEVICE_CORE, COMPANION_CORE = 0, 1
+QWEN_05B_PARAMS = 494e6  # Qwen2.5-0.5B parameters (model card), for the multiply-add rate
+
+
+class DelayProxy:
+    """Loopback TCP proxy delaying each chunk by `one_way_s` in both directions (in order)."""
+
+    def __init__(self, upstream_port: int, one_way_s: float) -> None:
+        self.upstream_port, self.one_way_s = upstream_port, one_way_s
+        self.loop = asyncio.new_event_loop()
+        self.port = 0
+        ready = threading.Event()
+        threading.Thread(target=self._serve, args=(ready,), daemon=True).start()
+        ready.wait(10)
+
+    def _serve(self, ready: threading.Event) -> None:
+        asyncio.set_event_loop(self.loop)
+
+        async def start() -> None:
+            server = await asyncio.start_server(self._client, "127.0.0.1", 0)
+            self.port = server.sockets[0].getsockname()[1]
+            ready.set()
+
+        self.loop.run_until_complete(start())
+        self.loop.run_forever()
+
+    async def _client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.upstream_port)
+        await asyncio.gather(self._pipe(reader, up_writer), self._pipe(up_reader, writer))
+
+    async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        queue: asyncio.Queue[tuple[float, bytes]] = asyncio.Queue()
+
+        async def deliver() -> None:
+            while True:
+                due, data = await queue.get()
+                if not data:
+                    break
+                await asyncio.sleep(max(0.0, due - time.monotonic()))
+                writer.write(data)
+                await writer.drain()
+            writer.close()
+
+        sender = asyncio.ensure_future(deliver())
+        with contextlib.suppress(ConnectionError):
+            while data := await reader.read(65536):
+                queue.put_nowait((time.monotonic() + self.one_way_s, data))
+        queue.put_nowait((0.0, b""))
+        with contextlib.suppress(ConnectionError):
+            await sender
+
+    def close(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+
+
+def timed(client: Client, query: object, task: str, **params: object) -> tuple[float, float,
+                                                                             Result]:
+    """(time to first token, total time, result) of one streamed generation."""
+    out: list[Result] = []
+    started, first = time.perf_counter(), None
+    for _ in client.stream(query, task=task, result=out, **params):  # type: ignore[arg-type]
+        first = first if first is not None else time.perf_counter() - started
+    return first or 0.0, time.perf_counter() - started, out[0]
+
+
+def prefill_rate(model, ids: Sequence[int]) -> float:
+    """Prompt tokens per second of one cold chunked prefill."""
+    track = Track(model, ids, len(ids) + 8, lazy=True)
+    started = time.perf_counter()
+    track.prefill()
+    seconds = time.perf_counter() - started
+    track.close()
+    return len(ids) / seconds
+
+
+class StampedEvent(threading.Event):
+    """An Event remembering when it was set."""
+
+    def set(self) -> None:
+        self.set_at = time.perf_counter()
+        super().set()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--specialist", default="qwen2.5-0.5b")
+    ap.add_argument("--generalist", default="qwen2.5-1.5b")
+    ap.add_argument("--precision", default="int8")
+    ap.add_argument("--users", type=int, default=2)
+    ap.add_argument("--rtt", type=float, nargs="+", default=[0.0, 50.0, 150.0],
+                    help="emulated round trips, ms")
+    ap.add_argument("--threads", type=int, default=1, help="device ONNX Runtime threads")
+    ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap.add_argument("--max-prompt-tokens", type=int, default=1024)
+    ap.add_argument("--preset", default="fast")
+    ap.add_argument("--data", type=Path)
+    ap.add_argument("--json", type=Path)
+    args = ap.parse_args()
+    data = args.data or shared_file("email")
+    console = Console(width=170)
+    if hasattr(os, "sched_setaffinity"):
+        cores = {DEVICE_CORE} if args.threads == 1 else set(range(args.threads))
+        os.sched_setaffinity(0, cores)
+    specialist = load_model(args.specialist, precision=args.precision, threads=args.threads)
+    proc, url = start_companion(args.generalist, str(specialist.folder), args.precision,
+                                core=COMPANION_CORE)
+    upstream = int(url.rsplit(":", 1)[1])
+    rows: list[dict] = []
+    extra: dict[str, object] = {"threads": args.threads}
+    common = dict(preset=args.preset, max_new_tokens=args.max_new_tokens)
+    try:
+        for user in range(args.users):
+            shared = load_shared_user(data, user, task="email")
+            store = HistoryStore(memory=True)
+            store.add_many(shared.records)
+
+            def client(url: str | None, store: HistoryStore = store) -> Client:
+                return Client(specialist, history=store, companion=url,
+                              max_prompt_tokens=args.max_prompt_tokens)
+
+            _, prompt = client(None).render(shared.query, task="email")
+            rate = prefill_rate(specialist, prompt.private_ids)
+            extra[f"user{user}"] = {"private_tokens": len(prompt.private_ids),
+                                    "public_tokens": len(prompt.public_ids),
+                                    "prefill_tok_s": rate,
+                                    "gmac_s": rate * QWEN_05B_PARAMS / 1e9}
+            console.print(f"user {user}: private {len(prompt.private_ids)} tokens, "
+                          f"public {len(prompt.public_ids)}; prefill {rate:.1f} tok/s "
+                          f"({rate * QWEN_05B_PARAMS / 1e9:.1f} GMAC/s)")
+            stamped = StampedEvent()
+            cancel_client = client(None)
+            timer = threading.Timer(1.0, stamped.set)
+            timer.start()
+            for _ in cancel_client.stream(shared.query, task="email", cancel=stamped,
+                                          max_new_tokens=8):
+                pass
+            ended = time.perf_counter()
+            timer.cancel()
+            set_at = getattr(stamped, "set_at", None)  # None: it finished before the cancel
+            extra[f"user{user}"]["cancel_stop_s"] = ended - set_at if set_at else None  # type: ignore[index]
+            ttft, total, res = timed(client(None), shared.query, "email", method="slm_rag",
+                                     **common)
+            rows.append(dict(user=user, rtt=None, config="SLM+RAG", ttft=ttft, total=total,
+                             tokens=res.stats.tokens, warm=0, switch=None))
+            for rtt in args.rtt:
+                proxy = DelayProxy(upstream, rtt / 2000.0)
+                via = f"ws://127.0.0.1:{proxy.port}"
+                runs = {
+                    "Generalist alone": (client(via), dict(method="llm")),
+                    "SpecSteer cold": (client(via), dict(warm_start=False)),
+                    "SpecSteer warm start": (client(via), {}),
+                }
+                for name, (c, params) in runs.items():
+                    ttft, total, res = timed(c, shared.query, "email", **params, **common)
+                    rows.append(dict(user=user, rtt=rtt, config=name, ttft=ttft, total=total,
+                                     tokens=res.stats.tokens, warm=res.stats.warm_tokens,
+                                     switch=res.stats.switch_s, acc=res.stats.acceptance_rate))
+                prepared = client(via)
+                prepared.prepare(shared.query, task="email").wait()
+                ttft, total, res = timed(prepared, shared.query, "email", **common)
+                rows.append(dict(user=user, rtt=rtt, config="SpecSteer prepared", ttft=ttft,
+                                 total=total, tokens=res.stats.tokens, warm=res.stats.warm_tokens,
+                                 switch=res.stats.switch_s, acc=res.stats.acceptance_rate))
+                proxy.close()
+                console.print(f"user {user} rtt {rtt:g} ms done")
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+    table = Table(title=f"{args.specialist} + {args.generalist} {args.precision}, preset "
+                        f"{args.preset}, {args.max_new_tokens} new tokens, device threads "
+                        f"{args.threads}")
+    for col in ("user", "RTT ms", "configuration", "TTFT s", "TTFT x G", "total s",
+                "tokens", "speed x G", "warm tokens", "switch s"):
+        table.add_column(col)
+    base = {(r["user"], r["rtt"]): r for r in rows if r["config"] == "Generalist alone"}
+    for r in rows:
+        g = base.get((r["user"], r["rtt"])) or base.get((r["user"], args.rtt[0]))
+        speed = (r["tokens"] / r["total"]) / (g["tokens"] / g["total"]) if g else float("nan")
+        table.add_row(str(r["user"]), "-" if r["rtt"] is None else f"{r['rtt']:g}", r["config"],
+                      f"{r['ttft']:.2f}", f"{r['ttft'] / g['ttft']:.2f}" if g else "",
+                      f"{r['total']:.1f}", str(r["tokens"]), f"{speed:.2f}", str(r["warm"]),
+                      "" if r["switch"] is None else f"{r['switch']:.1f}")
+    console.print(table)
+    console.print(json.dumps(extra, indent=1))
+    if len(rows) > 1:
+        console.print("mean TTFT by configuration: " + ", ".join(
+            f"{c} {statistics.mean(r['ttft'] for r in rows if r['config'] == c):.2f}"
+            for c in dict.fromkeys(r["config"] for r in rows)))
+    if args.json:
+        args.json.write_text(json.dumps({"rows": rows, "extra": extra}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
