@@ -58,8 +58,7 @@ def test_bad_input_gets_errors_and_the_bridge_keeps_serving(spawn) -> None:
     assert error_of(bridge.call("cancel", {}))["code"] == errors.INVALID_PARAMS
     unknown = error_of(bridge.call("generate.now", {}))
     assert unknown["code"] == errors.METHOD_NOT_FOUND and "generate" in unknown["data"]["methods"]
-    prepare = error_of(bridge.call("prepare", {"query": "x"}))
-    assert prepare["code"] == errors.NOT_AVAILABLE and "not available yet" in prepare["message"]
+    assert error_of(bridge.call("prepare", {}))["code"] == errors.INVALID_PARAMS  # no query
     # a notification (no id) of an unknown method is dropped silently; the next call is answered
     bridge.send_raw(b'{"jsonrpc": "2.0", "method": "nothing"}\n')
     assert bridge.call("status")["result"]["generating"] is None
@@ -146,6 +145,19 @@ def test_generate_streams_pieces_with_provenance(spawn, companion_url, tmp_path)
     assert_valid("generate.stats", "params", stats)
     assert stats["stats"] == result["stats"] and not result["stats"]["degraded"]
     assert result["stats"]["bytes_up"] > 0 and len(result["stats"]["records"]) == 1
+    assert bridge.close() == 0
+
+
+def test_prepare_then_generate_reuses_the_prefilled_prompt(spawn, companion_url, tmp_path):
+    bridge = spawn("--companion", companion_url, "--history", str(tmp_path / "h.db"))
+    bridge.call("history.add", {"kind": "email", "title": "Budget", "body": "Dear team, ..."})
+    query = {"query": "Budget for the next quarter", "task": "email"}
+    prepared = bridge.call("prepare", query)["result"]
+    assert_valid("prepare", "result", prepared)
+    cold = bridge.call("generate", {**query, "max_new_tokens": 8, "offline": "fail"})["result"]
+    assert cold["stats"]["prefill_reused"] > 0  # the prepared prompt was not run again
+    again = bridge.call("generate", {**query, "max_new_tokens": 8, "offline": "fail"})["result"]
+    assert again["text"] == cold["text"]
     assert bridge.close() == 0
 
 

@@ -295,7 +295,7 @@ export class SpecSteerClient extends EventEmitter<SpecSteerClientEvents> {
     return this.request("status");
   }
 
-  /** Reserved by protocol v1: the bridge answers NOT_AVAILABLE (-32030) until it ships. */
+  /** Retrieve and prefill while the user types; the next generate of the task reuses it. */
   prepare(params: object = {}): Promise<unknown> {
     return this.request("prepare", params);
   }

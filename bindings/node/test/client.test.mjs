@@ -39,8 +39,10 @@ test("generate streams pieces with provenance; complete, history, prepare", asyn
       max_new_tokens: 32, offline: "fail" });
     assert.equal(again.text, result.text); // greedy: same request, same text
 
-    await assert.rejects(client.prepare({ query: "x" }),
-      (e) => e instanceof BridgeError && e.code === ErrorCodes.NOT_AVAILABLE);
+    assert.deepEqual(await client.prepare({ query: "Budget for the next quarter" }),
+      { task: "email", prefilling: true });
+    await assert.rejects(client.prepare({}),
+      (e) => e instanceof BridgeError && e.code === ErrorCodes.INVALID_PARAMS);
     await assert.rejects(client.history.delete(["nope"]),
       (e) => e instanceof BridgeError && e.code === ErrorCodes.RECORD_NOT_FOUND);
     await assert.rejects(client.complete({ query: "x", max_new_tokens: "many" }),

@@ -25,7 +25,6 @@ from specsteer.bridge.errors import (
     BUSY,
     INVALID_REQUEST,
     NO_HISTORY,
-    NOT_AVAILABLE,
     RECORD_NOT_FOUND,
     BridgeError,
     from_exception,
@@ -82,6 +81,7 @@ class Bridge:
             "status": self.status,
             "cancel": self.cancel,
             "shutdown": self.shutdown,
+            "prepare": self.prepare,
         }
         self._history: dict[str, Callable[[HistoryStore, dict[str, Any]], Any]] = {
             "history.add": _history_add,
@@ -94,7 +94,7 @@ class Bridge:
 
     @property
     def methods(self) -> list[str]:
-        return [*self._methods, "generate", *self._history, "prepare"]
+        return [*self._methods, "generate", *self._history]
 
     def knows(self, method: str) -> bool:
         return method in self.methods
@@ -104,9 +104,6 @@ class Bridge:
              respond: Respond) -> None:
         """Run `method`; `respond` gets its result or error (now or later, from any thread)."""
         try:
-            if method == "prepare":
-                raise BridgeError(NOT_AVAILABLE, "method not available yet: prepare comes with "
-                                  "a later protocol revision", method=method)
             params = check_params(method, params)
             if method == "generate":
                 if request_id is None:
@@ -122,6 +119,13 @@ class Bridge:
             respond(None, _logged(method, exc))
 
     # -- plain methods ---------------------------------------------------------------------------
+    def prepare(self, params: dict[str, Any]) -> dict[str, Any]:
+        """Retrieve and prefill a request in the background (`Client.prepare`); answers at once.
+        A following `generate` of the same task reuses every prompt token they share."""
+        task = params.get("task", "email")
+        self.client.prepare(params["query"], task=task, before=params.get("before"))
+        return {"task": task, "prefilling": True}
+
     def initialize(self, params: dict[str, Any]) -> dict[str, Any]:
         history = self.client.history
         return {
