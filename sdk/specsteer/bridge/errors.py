@@ -29,7 +29,6 @@ INTERNAL_ERROR = -32603
 LINE_TOO_LONG = -32001
 BUSY = -32020  # a generate is already running (concurrent generate calls are refused)
 NOT_AVAILABLE = -32030  # a method of the protocol this build does not provide yet
-SHUTTING_DOWN = -32031
 HISTORY_LOCKED = -32040
 HISTORY_ERROR = -32041
 RECORD_NOT_FOUND = -32042
@@ -50,7 +49,6 @@ CODES: dict[int, str] = {
     LINE_TOO_LONG: "line_too_long",
     BUSY: "busy",
     NOT_AVAILABLE: "not_available",
-    SHUTTING_DOWN: "shutting_down",
     HISTORY_LOCKED: "history_locked",
     HISTORY_ERROR: "history_error",
     RECORD_NOT_FOUND: "record_not_found",
