@@ -204,7 +204,10 @@ class FaultProxy:
             while True:
                 release_at, frame = await queue.get()
                 await asyncio.sleep(max(0.0, release_at - loop.time()))
-                await sink.send(frame)
+                try:
+                    await sink.send(frame)
+                except ConnectionClosed:
+                    return  # the other side is gone: the relay ends with the reading side
                 self.stats.forwarded += 1
                 queue.task_done()
 
@@ -233,6 +236,7 @@ class FaultProxy:
                                return_when=asyncio.FIRST_COMPLETED)
             drained.cancel()
             sender.cancel()
+            await asyncio.gather(drained, sender, return_exceptions=True)
 
 
 class ProxyThread:

@@ -16,10 +16,13 @@ from pathlib import Path
 from engine import NotesEngine, Settings
 from server import serve
 
-from specsteer.history import HistoryStore
-from specsteer.history.ingest import ingest_path
-from specsteer.models.registry import home
-from specsteer.runtime import load_model
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # sample_apps/companion.py
+from companion import models  # noqa: E402
+
+from specsteer.history import HistoryStore  # noqa: E402
+from specsteer.history.ingest import ingest_path  # noqa: E402
+from specsteer.models.registry import home  # noqa: E402
+from specsteer.runtime import load_model  # noqa: E402
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 
@@ -41,18 +44,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="pace the stream for reading (default 25 with tiny models, else 0)")
     parser.add_argument("--open", action="store_true", help="open the page in a browser")
     return parser.parse_args(argv)
-
-
-def models(real: bool) -> tuple[str, str]:
-    """(device Specialist, companion Generalist) folders."""
-    if real:
-        from specsteer.models.compile import compile_model
-
-        return (str(compile_model("qwen2.5-0.5b", "int8")),
-                str(compile_model("qwen2.5-1.5b", "int8")))
-    from specsteer.models.tiny import tiny_model_dir
-
-    return str(tiny_model_dir("llama", seed=0)), str(tiny_model_dir("llama", seed=1))
 
 
 def history(path: Path | None) -> HistoryStore:

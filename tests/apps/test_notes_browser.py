@@ -13,7 +13,7 @@ from apps_helpers import python_app, screenshot, start_app
 from specsteer.history import HistoryStore
 
 CANARY = "Marigold-canary-7731 under the blue bench"
-COLLAB = ".tok.draft, .tok.recovered, .tok.bonus"
+COLLAB = ", ".join(f"#suggestion-text .tok.{p}" for p in ("draft", "recovered", "bonus"))
 
 
 @pytest.fixture()
