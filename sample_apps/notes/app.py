@@ -9,6 +9,7 @@ names one (or `--no-companion`), and serves the page on http://127.0.0.1:8300.
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 import webbrowser
 from pathlib import Path
@@ -76,6 +77,7 @@ def main(argv: list[str] | None = None) -> None:
     print(f"SpecSteer Notes on {url}  (companion: {companion or 'none'})", flush=True)
     if args.open:
         webbrowser.open(url)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # so the companion child is stopped
     try:
         server.serve_forever()
     except KeyboardInterrupt:
