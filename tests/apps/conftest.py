@@ -27,8 +27,10 @@ def _missing(what: str) -> None:
     pytest.skip(f"no browser: {message}")
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser() -> Iterator[object]:
+    """Chromium for one test module: Playwright's sync API runs an event loop on this thread
+    while it is open, so it must be closed before other modules call asyncio.run."""
     try:
         from playwright.sync_api import sync_playwright
     except ImportError:
