@@ -12,6 +12,7 @@
 import { spawn, execFile } from "node:child_process";
 import { randomBytes } from "node:crypto";
 import { createServer, get as httpGet } from "node:http";
+import { get as httpsGet } from "node:https";
 import { mkdirSync, readFileSync, writeFileSync, mkdtempSync, rmSync } from "node:fs";
 import { homedir, tmpdir } from "node:os";
 import { dirname, extname, join, resolve } from "node:path";
@@ -113,9 +114,8 @@ function probe(url) {
   // a websocket opening handshake: 101 means the companion (or a proxy) accepts connections
   return new Promise((done) => {
     if (!url) return done(false);
-    const target = new URL(url.replace(/^ws/, "http"));
-    if (target.protocol !== "http:") return done(false); // wss: left to the bridge's own link
-    const request = httpGet(target, {
+    const target = new URL(url.replace(/^ws/, "http")); // ws: -> http:, wss: -> https:
+    const request = (target.protocol === "https:" ? httpsGet : httpGet)(target, {
       timeout: 1500,
       headers: { Connection: "Upgrade", Upgrade: "websocket", "Sec-WebSocket-Version": "13",
                  "Sec-WebSocket-Key": randomBytes(16).toString("base64") },
