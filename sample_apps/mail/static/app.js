@@ -83,6 +83,8 @@ async function send(event) {
       to: $("c-to").value, subject: $("c-subject").value, body: $("c-body").value }) });
     discard();
     $("composer").hidden = true;
+    $("message").hidden = true;
+    state.current = null;
     await loadFolders();
     showFolder("sent");
     say("");
