@@ -186,6 +186,45 @@ def serve(
         log.info("%s batching: %s", model.name, model.stats)
 
 
+@app.command()
+def proxy(
+    upstream: Annotated[str, typer.Option(help="The companion: ws://HOST:PORT or wss://...")],
+    listen: Annotated[str, typer.Option(help="HOST:PORT the app connects to (ws://)")] = (
+        "127.0.0.1:8766"),
+    delay: Annotated[str, typer.Option(help="Added to every frame: 80ms, 1s")] = "0ms",
+    jitter: Annotated[str, typer.Option(help="Uniform +- around the delay (never reorders)")] = (
+        "0ms"),
+    drop: Annotated[str, typer.Option(help="Share of frames lost: 1% or 0.01")] = "0",
+    stall_after: Annotated[
+        str | None, typer.Option(help="Stop forwarding this long after each connection opens")
+    ] = None,
+    cut_at: Annotated[
+        str | None, typer.Option(help="Abort both sides this long after each connection opens")
+    ] = None,
+    seed: Annotated[int | None, typer.Option(help="Seed of the drop and jitter draws")] = None,
+) -> None:
+    """Put a faulty link between an app and a companion (docs/robustness.md)."""
+    from specsteer_companion.proxy import Faults, parse_duration, parse_fraction, run_proxy
+
+    host, _, port = listen.rpartition(":")
+    try:
+        faults = Faults(
+            delay_s=parse_duration(delay), jitter_s=parse_duration(jitter),
+            drop=parse_fraction(drop),
+            stall_after_s=None if stall_after is None else parse_duration(stall_after),
+            cut_at_s=None if cut_at is None else parse_duration(cut_at), seed=seed,
+        )
+        if not host or not port.isdigit():
+            raise ValueError(f"--listen must be HOST:PORT, got {listen!r}")
+        if not upstream.startswith(("ws://", "wss://")):
+            raise ValueError(f"--upstream must be a ws:// or wss:// URL, got {upstream!r}")
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(run_proxy(upstream, faults, host, int(port),
+                              ready=lambda line: print(line, flush=True)))
+
+
 def main() -> None:
     app()
 

@@ -212,3 +212,37 @@ def test_shutdown_answers_then_exits(spawn) -> None:
     assert bridge.call("shutdown")["result"] == {}
     assert bridge.proc.wait(10) == 0
     bridge.close()
+
+
+def test_audit_frames_notifies_every_frame_decoded_without_private_text(
+        spawn, companion_url, tmp_path) -> None:
+    canary = "Heliotrope-canary-5150"
+    bridge = spawn("--companion", companion_url, "--history", str(tmp_path / "h.db"),
+                   "--audit-frames", "--token", "secret-device-token")
+    init = bridge.call("initialize", {})["result"]
+    assert "companion.frame" in init["notifications"]
+    bridge.call("history.add", {"kind": "email", "title": "Budget", "body": f"Dear team, {canary}"})
+    request = bridge.send("generate", {"query": "Budget for the next quarter",
+                                       "max_new_tokens": 20, "offline": "fail"})
+    result = bridge.answer(request)["result"]
+    frames = [f["params"] for _, f in bridge.notifications if f.get("method") == "companion.frame"]
+    for frame in frames:
+        assert_valid("companion.frame", "params", frame)
+    assert [f["n"] for f in frames] == list(range(1, len(frames) + 1))
+    assert [f["type"] for f in frames[:4]] == ["Hello", "HelloOk", "OpenSession", "SessionOpened"]
+    assert sum(f["bytes"] for f in frames if f["direction"] == "up") == result["stats"]["bytes_up"]
+    assert all(f["generation"] == request for f in frames)
+    drafted = [t for f in frames if f["type"] == "Draft" for t in f["tokens"]["draft_ids"]]
+    assert drafted and all(isinstance(t["text"], str) for t in drafted)
+    text = json.dumps(frames)
+    assert canary not in text and "secret-device-token" not in text
+    assert bridge.close() == 0
+
+
+def test_without_audit_frames_no_frame_is_notified(spawn, companion_url) -> None:
+    bridge = spawn("--companion", companion_url)
+    request = bridge.send("generate", {"query": "Budget", "max_new_tokens": 5})
+    bridge.answer(request)
+    assert not [f for _, f in bridge.notifications if f.get("method") == "companion.frame"]
+    assert "companion.frame" not in bridge.call("initialize", {})["result"]["notifications"]
+    assert bridge.close() == 0

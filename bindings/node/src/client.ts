@@ -18,6 +18,7 @@ import type {
   HistoryRecord,
   InitializeResult,
   ListOptions,
+  FrameEvent,
   ModeEvent,
   NewRecord,
   Piece,
@@ -62,6 +63,7 @@ export interface Generation extends AsyncIterable<Piece> {
 
 export interface SpecSteerClientEvents {
   mode: [ModeEvent];
+  frame: [FrameEvent];
   exit: [BridgeExitedError];
   stderr: [string];
 }
@@ -211,6 +213,10 @@ export class SpecSteerClient extends EventEmitter<SpecSteerClientEvents> {
   }
 
   private notification(method: string, params: any): void {
+    if (method === "companion.frame") {
+      this.emit("frame", params as FrameEvent);
+      return;
+    }
     if (method === "generate.mode") {
       this.emit("mode", params as ModeEvent);
       return;

@@ -68,6 +68,17 @@ export interface ModeEvent {
   reason: string;
 }
 
+/** A frame to ("up") or from ("down") the companion, decoded: only with `--audit-frames`. */
+export interface FrameEvent {
+  n: number;
+  generation: RequestId | null;
+  direction: "up" | "down";
+  type: string;
+  bytes: number;
+  fields: Record<string, unknown>;
+  tokens: Record<string, { id: number; text: string | null }[]>;
+}
+
 export interface InitializeResult {
   protocol_version: number;
   package_version: string;

@@ -23,10 +23,11 @@ def register(app: typer.Typer) -> None:
 
 
 def demo_command(
-    user: Annotated[int, typer.Option(help="Sender index in the newsgroups data")] = 0,
+    user: Annotated[int, typer.Option(help="Sender index in the --data newsgroups set")] = 0,
     data: Annotated[
         Path | None,
-        typer.Option(help="newsgroups_top100_senders.json (default: the shared data set)"),
+        typer.Option(help="A newsgroups data set (newsgroups_top100_senders.json) to write as one "
+                          "of its senders (--user); default: the persona in sample_apps/data"),
     ] = None,
     specialist: Annotated[str, typer.Option()] = "qwen2.5-0.5b",
     generalist: Annotated[str, typer.Option()] = "qwen2.5-1.5b",
@@ -44,13 +45,17 @@ def demo_command(
     from specsteer.runtime import load_model
     from specsteer_companion.process import start_companion
     from specsteer_lab import demo as demo_lib
-    from specsteer_lab.eval.data import shared_file
 
     say = lambda msg: console.print(f"[dim]{msg}[/dim]")  # noqa: E731
     try:
         demo_lib.prepare_models([specialist, generalist], precision, say)
-        store, shared = demo_lib.user_store(data or shared_file("email"), user)
-        say(f"history: {sum(store.stats()['kinds'].values())} earlier posts of {shared.user}")
+        if data is None:
+            store, query, gold = demo_lib.persona_store(), demo_lib.PERSONA_QUERY, None
+            say(f"history: {len(store)} notes and sent emails of the persona (sample_apps/data)")
+        else:
+            store, shared = demo_lib.user_store(data, user)
+            query, gold = shared.query, shared.gold
+            say(f"history: {len(store)} earlier posts of {shared.user}")
         say("starting the companion (loads the Generalist and the generic Specialist)...")
         proc, url = start_companion(generalist, specialist, precision)
         try:
@@ -59,20 +64,16 @@ def demo_command(
                 load_model(specialist, precision=precision), history=store, companion=url,
                 max_prompt_tokens=max_prompt_tokens,
             )
-            console.print(
-                f"[bold]Subject:[/bold] {shared.query.get('subject')}  "
-                f"[dim](newsgroup {shared.query.get('newsgroup', '?')})[/dim]"
-            )
+            where = query.get("newsgroup") or query.get("to") or "?"
+            console.print(f"[bold]Subject:[/bold] {query.get('subject')}  [dim]({where})[/dim]")
             console.print(legend())
             result = print_stream(
-                client,
-                shared.query,
-                shared.task,
-                {"preset": preset, "max_new_tokens": max_new_tokens},
+                client, query, "email", {"preset": preset, "max_new_tokens": max_new_tokens}
             )
             console.print(stats_table(result))
-            console.print("[bold]What the user really wrote (first 400 chars):[/bold]")
-            console.print(shared.gold[:400], markup=False)
+            if gold is not None:
+                console.print("[bold]What the user really wrote (first 400 chars):[/bold]")
+                console.print(gold[:400], markup=False)
         finally:
             proc.terminate()
             proc.wait(10)

@@ -33,6 +33,7 @@ from specsteer.bridge.schemas import PROTOCOL_VERSION, check_params
 from specsteer.client import Client, Piece, Result
 from specsteer.device import PRESETS, ModeChange, Params
 from specsteer.history import HistoryStore, task_names
+from specsteer.protocol import describe_frame
 
 log = logging.getLogger("specsteer.bridge")
 RequestId = str | int
@@ -63,8 +64,10 @@ class Bridge:
     """Method handlers over one Client; `notify` sends a notification frame."""
 
     def __init__(self, client: Client, notify: Notify, *, max_line_bytes: int,
-                 companion: str | None = None) -> None:
+                 companion: str | None = None, audit_frames: bool = False) -> None:
         self.client = client
+        self.audit_frames = audit_frames  # send `companion.frame` for each frame (--audit-frames)
+        self._frames_seen = 0
         self.notify = notify
         self.max_line_bytes = max_line_bytes
         self.companion = companion
@@ -136,7 +139,7 @@ class Bridge:
             "history": history.location if history is not None else None,
             "http": self.http_url,
             "methods": self.methods,
-            "notifications": NOTIFICATIONS,
+            "notifications": [*NOTIFICATIONS, *(["companion.frame"] if self.audit_frames else [])],
             "capabilities": {
                 "cancel": True,
                 "concurrent_generate": "refuse",
@@ -200,6 +203,18 @@ class Bridge:
                 respond(None, _logged(method, exc))
 
         self._history_thread.submit(run)
+
+    def audit_frame(self, direction: str, frame: bytes) -> None:
+        """The Client's FrameTap with --audit-frames: each frame to or from the companion as a
+        `companion.frame` notification, decoded (`protocol.describe_frame`), so an app can show
+        the user what left the device. The device token of a Hello is not repeated."""
+        tokenizer = self.client.specialist.tokenizer
+        described = describe_frame(direction, frame, lambda i: tokenizer.decode([i]))
+        with self._lock:
+            self._frames_seen += 1
+            running = self._running.id if self._running is not None else None
+            described = {"n": self._frames_seen, "generation": running, **described}
+        self.notify("companion.frame", described)
 
     # -- generation ------------------------------------------------------------------------------
     def start_generation(self, request_id: RequestId, params: dict[str, Any],

@@ -49,6 +49,10 @@ def register(app: typer.Typer) -> None:
             bool, typer.Option(help="Serve JSON-RPC on stdio; --no-stdio (with --http) serves "
                                "until SIGINT/SIGTERM")
         ] = True,
+        audit_frames: Annotated[
+            bool, typer.Option(help="Notify `companion.frame` for every frame to or from the "
+                               "companion, decoded (a 'what left this device' view)")
+        ] = False,
         log_level: Annotated[str, typer.Option(help="stderr log level")] = "INFO",
     ) -> None:
         """Serve JSON-RPC 2.0 on stdin/stdout until stdin closes (docs/bindings.md)."""
@@ -77,8 +81,11 @@ def register(app: typer.Typer) -> None:
         try:
             store = None if history is None \
                 else HistoryStore(history, busy_timeout_s=history_timeout_s)
+            taps: list[Callable[[str, bytes], None]] = []  # the Bridge's, once it exists
             client = Client(specialist, history=store, companion=companion, token=token,
-                            timeout_s=timeout_s)
+                            timeout_s=timeout_s,
+                            tap=(lambda d, f: [tap(d, f) for tap in taps]) if audit_frames
+                            else None)
         except SpecSteerError as exc:
             print(f"specsteer bridge: cannot start: {exc}", file=sys.stderr)
             raise typer.Exit(3) from None
@@ -87,7 +94,9 @@ def register(app: typer.Typer) -> None:
             history, companion)
 
         def make_bridge(notify: Callable[[str, dict[str, Any]], None]) -> Bridge:
-            bridge = Bridge(client, notify, max_line_bytes=max_line_bytes, companion=companion)
+            bridge = Bridge(client, notify, max_line_bytes=max_line_bytes, companion=companion,
+                            audit_frames=audit_frames)
+            taps.append(bridge.audit_frame)
             if address is not None:
                 try:
                     server = OpenAIServer(address, bridge, bearer)

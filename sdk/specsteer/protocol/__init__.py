@@ -4,13 +4,15 @@ This package owns the bytes that cross the network between the device and the co
 order in which they may cross, in the layout of python-websockets: `messages` (the wire enums,
 `Limits` and the message dataclasses with their validation), `codec` (`encode`/`decode`),
 `events` (what a state machine reports) and `connections` (`State`, `DeviceConnection`,
-`CompanionConnection`). It does no I/O, no model work and no decoding maths, and never encodes
+`CompanionConnection`), and `audit` (`describe_frame`: frames made readable for people).
+It does no I/O, no model work and no decoding maths, and never encodes
 anything derived from the private context other than drafted token ids. Import from here: the
 public names below are the package's interface; its modules' layout is not.
 """
 
 from __future__ import annotations
 
+from specsteer.protocol.audit import describe_frame
 from specsteer.protocol.codec import decode, encode
 from specsteer.protocol.connections import CompanionConnection, DeviceConnection, State
 from specsteer.protocol.events import (
@@ -49,6 +51,7 @@ from specsteer.protocol.messages import (
 )
 
 __all__ = [
+    "describe_frame",
     "PROTOCOL_VERSION",
     "Close",
     "Closed",

@@ -1,0 +1,285 @@
+// SpecSteer Mail: a small Node HTTP server embedding the SDK the way an Electron main process
+// would — through bindings/node (a `specsteer bridge` child process) — and a plain HTML/JS page.
+//
+//   node sample_apps/mail/server.mjs [--port 8400] [--real] [--companion ws://HOST:PORT]
+//                                    [--no-companion] [--history PATH] [--python PATH]
+//
+// Without --companion it starts one (sample_apps/companion.py: tiny models, or the Qwen pair
+// with --real). The history store starts with the persona's sent mail; the inbox is
+// sample_apps/data/inbox.json. Routes: GET /api/inbox, /api/sent, /api/status, /api/frames,
+// /api/settings, /api/draft (server-sent events); POST /api/send, /api/cancel, /api/import,
+// /api/settings. Binds to 127.0.0.1 only.
+import { spawn, execFile } from "node:child_process";
+import { randomBytes } from "node:crypto";
+import { createServer, get as httpGet } from "node:http";
+import { get as httpsGet } from "node:https";
+import { mkdirSync, readFileSync, writeFileSync, mkdtempSync, rmSync } from "node:fs";
+import { homedir, tmpdir } from "node:os";
+import { dirname, extname, join, resolve } from "node:path";
+import { createInterface } from "node:readline";
+import { fileURLToPath } from "node:url";
+import { parseArgs } from "node:util";
+
+import { SpecSteerClient } from "../../bindings/node/dist/index.js";
+
+const HERE = dirname(fileURLToPath(import.meta.url));
+const APPS = resolve(HERE, "..");
+const REPO = resolve(APPS, "..");
+const DATA = join(APPS, "data");
+const STATIC = [join(HERE, "static"), join(APPS, "shared_ui")];
+const PRESETS = ["default", "fast", "strict"];
+const TYPES = { ".html": "text/html", ".js": "text/javascript", ".css": "text/css" };
+
+const { values: opts } = parseArgs({
+  options: {
+    port: { type: "string", default: "8400" },
+    real: { type: "boolean", default: false },
+    companion: { type: "string", default: "" },
+    "no-companion": { type: "boolean", default: false },
+    token: { type: "string", default: "" },
+    preset: { type: "string", default: "default" },
+    history: { type: "string", default: "" },
+    python: { type: "string", default: process.env.SPECSTEER_PYTHON || "python3" },
+    "max-new-tokens": { type: "string", default: "" },
+  },
+});
+
+const specsteerHome = process.env.SPECSTEER_HOME || join(homedir(), ".cache", "specsteer");
+const historyPath = opts.history || join(specsteerHome, "apps", "mail.db");
+const inbox = JSON.parse(readFileSync(join(DATA, "inbox.json"), "utf8"));
+const settings = { companion: opts.companion, token: opts.token, preset: opts.preset };
+const maxNewTokens = Number(opts["max-new-tokens"]) || (opts.real ? 160 : 200);
+const state = { client: null, specialist: "", frames: [], mode: "unknown", reason: "",
+                generation: null, launcher: null };
+
+// ------------------------------------------------------------------ the SDK (bindings/node)
+function python(args) {
+  return new Promise((resolveRun, reject) => {
+    execFile(opts.python, args, { cwd: REPO, maxBuffer: 1 << 20 }, (error, stdout, stderr) => {
+      if (error) reject(new Error(`${args.slice(0, 4).join(" ")} failed: ${stderr || error.message}`));
+      else resolveRun(stdout);
+    });
+  });
+}
+
+async function launchModels() {
+  // the models (and, unless one was named, a companion) from sample_apps/companion.py
+  const args = [join(APPS, "companion.py"), ...(opts.real ? ["--real"] : [])];
+  if (settings.companion || opts["no-companion"]) args.push("--no-companion");
+  const child = spawn(opts.python, args, { cwd: REPO, stdio: ["pipe", "pipe", "inherit"] });
+  state.launcher = child;
+  const [line] = await new Promise((ok, fail) => {
+    const lines = createInterface({ input: child.stdout });
+    lines.once("line", (l) => ok([l]));
+    child.once("exit", (code) => fail(new Error(`companion launcher exited with ${code}`)));
+  });
+  const launched = JSON.parse(line);
+  if (!settings.companion && launched.companion) settings.companion = launched.companion;
+  return launched.specialist;
+}
+
+async function startBridge() {
+  if (state.client) await state.client.close();
+  const args = ["--specialist", state.specialist, "--history", historyPath, "--audit-frames",
+                "--timeout-s", "4"];
+  if (settings.companion) args.push("--companion", settings.companion);
+  const client = await SpecSteerClient.start({
+    python: opts.python, bridgeArgs: args, cwd: REPO,
+    env: { ...process.env, ...(settings.token ? { SPECSTEER_TOKEN: settings.token } : {}) },
+  });
+  client.on("frame", (frame) => state.frames.push({ ...frame, n: state.frames.length + 1 }));
+  client.on("mode", (event) => {
+    state.mode = event.mode;
+    state.reason = event.reason;
+    if (state.generation) state.generation.send("mode", { mode: event.mode, reason: event.reason });
+  });
+  client.on("stderr", () => {});
+  state.client = client;
+}
+
+async function seedHistory() {
+  const stats = await state.client.history.stats();
+  if (stats.records === 0) await importMbox(join(DATA, "sent.mbox"));
+}
+
+async function importMbox(path) {
+  // the SDK's importer (`specsteer history import`): Message-IDs make re-imports idempotent
+  const out = await python(["-m", "specsteer", "history", "import", "--db", historyPath,
+                            "--kind", "email", path]);
+  return out.trim();
+}
+
+// ------------------------------------------------------------------ the badge
+function probe(url) {
+  // a websocket opening handshake: 101 means the companion (or a proxy) accepts connections
+  return new Promise((done) => {
+    if (!url) return done(false);
+    const target = new URL(url.replace(/^ws/, "http")); // ws: -> http:, wss: -> https:
+    const request = (target.protocol === "https:" ? httpsGet : httpGet)(target, {
+      timeout: 1500,
+      headers: { Connection: "Upgrade", Upgrade: "websocket", "Sec-WebSocket-Version": "13",
+                 "Sec-WebSocket-Key": randomBytes(16).toString("base64") },
+    });
+    request.on("upgrade", (_res, socket) => { socket.destroy(); done(true); });
+    request.on("response", (res) => { res.resume(); done(false); });
+    request.on("timeout", () => { request.destroy(); done(false); });
+    request.on("error", () => done(false));
+  });
+}
+
+async function status() {
+  const reachable = await probe(settings.companion);
+  if (!state.generation && settings.companion) {
+    state.mode = reachable ? "collaborative" : "local";
+    state.reason = reachable ? "" : "the companion is unreachable";
+  }
+  return { mode: settings.companion ? state.mode : "none", reason: state.reason, reachable,
+           generating: !!state.generation, settings, specialist: state.specialist };
+}
+
+// ------------------------------------------------------------------ drafting
+async function draft(req, res, params) {
+  res.writeHead(200, { "Content-Type": "text/event-stream", "Cache-Control": "no-store",
+                       Connection: "close" });
+  const send = (event, data) => res.write(`event: ${event}\ndata: ${JSON.stringify(data)}\n\n`);
+  if (state.generation) return send("failed", { error: "a draft is already being written" }), res.end();
+  const message = inbox.find((m) => m.id === params.get("reply_to"));
+  const request = message
+    ? { task: "reply", query: { message: message.body, subject: message.subject, to: message.from } }
+    : { task: "email", query: { subject: params.get("subject") || "(no subject)", to: params.get("to") || "" } };
+  const controller = new AbortController();
+  state.generation = { send, controller };
+  req.on("close", () => controller.abort());
+  if (settings.companion) { state.mode = "collaborative"; state.reason = ""; }
+  send("mode", { mode: settings.companion ? state.mode : "local", reason: state.reason });
+  try {
+    const generation = state.client.generate(
+      { ...request, preset: settings.preset, max_new_tokens: maxNewTokens },
+      { signal: controller.signal });
+    for await (const piece of generation) send("piece", piece);
+    const result = await generation.result;
+    const s = result.stats;
+    send("done", { tokens: s.tokens, acceptance_rate: s.acceptance_rate, bytes_up: s.bytes_up,
+                   bytes_down: s.bytes_down, degraded: s.degraded, reconnects: s.reconnects });
+  } catch (error) {
+    send(error.name === "AbortError" ? "cancelled" : "failed", { error: error.message });
+  } finally {
+    state.generation = null;
+    res.end();
+  }
+}
+
+// ------------------------------------------------------------------ HTTP
+function readBody(req, limit = 32 << 20) {
+  return new Promise((ok, fail) => {
+    const chunks = [];
+    let size = 0;
+    req.on("data", (c) => { size += c.length; if (size > limit) fail(new Error("too large")); else chunks.push(c); });
+    req.on("end", () => ok(Buffer.concat(chunks)));
+    req.on("error", fail);
+  });
+}
+
+function json(res, value, code = 200) {
+  const body = JSON.stringify(value);
+  res.writeHead(code, { "Content-Type": "application/json", "Cache-Control": "no-store" });
+  res.end(body);
+}
+
+function serveStatic(res, name) {
+  for (const folder of STATIC) {
+    const target = resolve(folder, name);
+    if (!target.startsWith(folder + "/")) continue;
+    try {
+      const body = readFileSync(target);
+      res.writeHead(200, { "Content-Type": `${TYPES[extname(target)] || "application/octet-stream"}; charset=utf-8` });
+      return res.end(body);
+    } catch { /* try the next folder */ }
+  }
+  json(res, { error: `no such file: ${name}` }, 404);
+}
+
+async function route(req, res) {
+  const url = new URL(req.url, "http://localhost");
+  const path = url.pathname;
+  if (req.method === "GET") {
+    if (path === "/") return serveStatic(res, "index.html");
+    if (path === "/favicon.ico") return res.writeHead(204).end();
+    if (path.startsWith("/static/")) return serveStatic(res, path.slice(8));
+    if (path === "/api/inbox") return json(res, inbox);
+    if (path === "/api/sent") {
+      return json(res, await state.client.history.list({ kinds: ["email"], limit: 200 }));
+    }
+    if (path === "/api/frames") return json(res, state.frames.slice(Number(url.searchParams.get("since") || 0)));
+    if (path === "/api/status") return json(res, await status());
+    if (path === "/api/settings") return json(res, { ...settings, presets: PRESETS });
+    if (path === "/api/draft") return draft(req, res, url.searchParams);
+  }
+  if (req.method === "POST") {
+    if (path === "/api/cancel") {
+      const running = !!state.generation;
+      state.generation?.controller.abort();
+      return json(res, { cancelled: running });
+    }
+    if (path === "/api/send") {
+      const mail = JSON.parse((await readBody(req)).toString("utf8") || "{}");
+      if (!mail.body || !String(mail.body).trim()) return json(res, { error: "the message is empty" }, 400);
+      const record = await state.client.history.add({
+        kind: "email", title: String(mail.subject || ""), body: String(mail.body),
+        created_at: new Date().toISOString().slice(0, 19) + "Z",
+        meta: { to: String(mail.to || "") }, source: "mail-app" });
+      return json(res, record);
+    }
+    if (path === "/api/import") {
+      const folder = mkdtempSync(join(tmpdir(), "specsteer-mail-"));
+      try {
+        const file = join(folder, "upload.mbox");
+        writeFileSync(file, await readBody(req));
+        return json(res, { report: await importMbox(file) });
+      } finally {
+        rmSync(folder, { recursive: true, force: true });
+      }
+    }
+    if (path === "/api/settings") {
+      const next = JSON.parse((await readBody(req)).toString("utf8") || "{}");
+      const companion = String(next.companion ?? settings.companion).trim();
+      if (companion && !/^wss?:\/\//.test(companion)) return json(res, { error: "the companion URL must start with ws:// or wss://" }, 400);
+      if (next.preset && !PRESETS.includes(next.preset)) return json(res, { error: `preset must be one of ${PRESETS.join(", ")}` }, 400);
+      if (state.generation) return json(res, { error: "wait for the draft to finish, or cancel it" }, 409);
+      Object.assign(settings, { companion, token: String(next.token ?? settings.token),
+                                preset: next.preset || settings.preset });
+      await startBridge(); // the bridge holds its companion link: start it again
+      return json(res, settings);
+    }
+  }
+  json(res, { error: `no such route: ${req.method} ${path}` }, 404);
+}
+
+async function main() {
+  mkdirSync(dirname(historyPath), { recursive: true });
+  console.log("loading the models and the companion...");
+  state.specialist = await launchModels();
+  await startBridge();
+  await seedHistory();
+  const server = createServer((req, res) => route(req, res).catch((error) => {
+    if (!res.headersSent) json(res, { error: error.message }, 500);
+    else res.end();
+  }));
+  server.listen(Number(opts.port), "127.0.0.1", () => {
+    console.log(`SpecSteer Mail on http://127.0.0.1:${server.address().port}  (companion: ${settings.companion || "none"})`);
+  });
+  const stop = async () => {
+    server.close();
+    await state.client?.close();
+    state.launcher?.kill("SIGTERM");
+    process.exit(0);
+  };
+  process.on("SIGINT", stop);
+  process.on("SIGTERM", stop);
+}
+
+main().catch((error) => {
+  console.error(`SpecSteer Mail could not start: ${error.message}`);
+  state.launcher?.kill("SIGTERM");
+  process.exit(1);
+});

@@ -1,0 +1,234 @@
+// SpecSteer Mail: the page. Talks to server.mjs's JSON API and its server-sent events.
+"use strict";
+
+const $ = (id) => document.getElementById(id);
+const state = { folder: "inbox", inbox: [], sent: [], current: null, replyTo: null,
+                stream: null, generating: false, frames: 0 };
+
+async function api(path, options = {}) {
+  const res = await fetch(path, { headers: { "Content-Type": "application/json" }, ...options });
+  const data = await res.json();
+  if (!res.ok) throw new Error(data.error || res.statusText);
+  return data;
+}
+
+const short = (from) => (from || "").replace(/\s*<.*>\s*$/, "") || from;
+const day = (date) => (date || "").slice(0, 10);
+
+// ---------------------------------------------------------------- folders and messages
+async function loadFolders() {
+  state.inbox = await api("/api/inbox");
+  state.sent = await api("/api/sent");
+  $("inbox-count").textContent = state.inbox.length;
+  $("sent-count").textContent = state.sent.length;
+  renderList();
+}
+
+function showFolder(folder) {
+  state.folder = folder;
+  $("folder-inbox").classList.toggle("active", folder === "inbox");
+  $("folder-sent").classList.toggle("active", folder === "sent");
+  renderList();
+}
+
+function renderList() {
+  const items = state.folder === "inbox"
+    ? state.inbox.map((m) => ({ id: m.id, who: short(m.from), subject: m.subject, body: m.body, date: m.date, raw: m }))
+    : state.sent.map((r) => ({ id: r.id, who: `To: ${short(r.meta.to || "")}`, subject: r.title, body: r.body, date: r.created_at, raw: r }));
+  const list = $("messages");
+  list.replaceChildren();
+  for (const item of items) {
+    const li = document.createElement("li");
+    li.dataset.id = item.id;
+    li.innerHTML = `<div class="from"><span class="who"></span><span class="date"></span></div><div class="subj"></div><div class="snip"></div>`;
+    li.querySelector(".who").textContent = item.who;
+    li.querySelector(".date").textContent = day(item.date);
+    li.querySelector(".subj").textContent = item.subject;
+    li.querySelector(".snip").textContent = item.body.replace(/\s+/g, " ").slice(0, 90);
+    li.onclick = () => openMessage(item);
+    list.appendChild(li);
+  }
+}
+
+function openMessage(item) {
+  state.current = item;
+  for (const li of $("messages").children) li.classList.toggle("active", li.dataset.id === item.id);
+  $("empty").hidden = true;
+  $("composer").hidden = true;
+  $("message").hidden = false;
+  $("m-subject").textContent = item.subject;
+  $("m-from").textContent = state.folder === "inbox" ? item.raw.from : `To: ${item.raw.meta.to || ""}`;
+  $("m-date").textContent = day(item.date);
+  $("m-body").textContent = item.body;
+  $("reply").hidden = state.folder !== "inbox";
+}
+
+function compose(replyTo) {
+  discard();
+  state.replyTo = replyTo || null;
+  $("composer").hidden = false;
+  $("empty").hidden = true;
+  if (!replyTo) $("message").hidden = true;
+  $("c-to").value = replyTo ? replyTo.from : "";
+  $("c-subject").value = replyTo ? (replyTo.subject.startsWith("Re:") ? replyTo.subject : `Re: ${replyTo.subject}`) : "";
+  $("c-body").value = "";
+  say(replyTo ? "Replying" : "New message");
+  (replyTo ? $("c-body") : $("c-to")).focus();
+}
+
+async function send(event) {
+  event.preventDefault();
+  try {
+    await api("/api/send", { method: "POST", body: JSON.stringify({
+      to: $("c-to").value, subject: $("c-subject").value, body: $("c-body").value }) });
+    discard();
+    $("composer").hidden = true;
+    $("message").hidden = true;
+    state.current = null;
+    await loadFolders();
+    showFolder("sent");
+    say("");
+    $("empty").hidden = false;
+    $("empty").textContent = "Sent. It is now part of your private history, read only on this device.";
+  } catch (err) { say(err.message); }
+}
+
+function say(text) { $("status-line").textContent = text; }
+
+// ---------------------------------------------------------------- drafting
+function startDraft() {
+  if (state.generating) return;
+  discard();
+  state.generating = true;
+  $("suggestion").hidden = false;
+  $("suggestion-state").textContent = "writing…";
+  $("accept").disabled = true;
+  $("draft").disabled = true;
+  $("cancel").hidden = false;
+  const q = state.replyTo ? `reply_to=${encodeURIComponent(state.replyTo.id)}`
+    : `subject=${encodeURIComponent($("c-subject").value)}&to=${encodeURIComponent($("c-to").value)}`;
+  const es = new EventSource(`/api/draft?${q}`);
+  state.stream = es;
+  es.addEventListener("piece", (e) => {
+    const p = JSON.parse(e.data);
+    $("suggestion-text").appendChild(tokenSpan(p.text, p.provenance));
+    $("suggestion").scrollTop = $("suggestion").scrollHeight;
+  });
+  es.addEventListener("mode", (e) => {
+    const m = JSON.parse(e.data);
+    setBadge($("badge"), m.mode, m.reason);
+    if ($("suggestion-text").childNodes.length) {
+      const line = document.createElement("span");
+      line.className = "modeline";
+      line.textContent = m.mode === "local" ? `— companion lost (${m.reason}); the on-device model goes on —`
+        : "— companion back; steering resumes —";
+      $("suggestion-text").appendChild(line);
+    }
+  });
+  es.addEventListener("done", (e) => {
+    const s = JSON.parse(e.data);
+    finish(`${s.tokens} tokens · ${(s.acceptance_rate * 100).toFixed(0)}% drafts accepted · ${s.bytes_up + s.bytes_down} bytes on the wire`
+      + (s.degraded ? " · partly offline" : ""));
+  });
+  es.addEventListener("cancelled", () => finish("cancelled"));
+  es.addEventListener("failed", (e) => finish(`failed: ${JSON.parse(e.data).error}`));
+  es.onerror = () => { if (state.generating) finish("connection to the app lost"); };
+}
+
+function finish(text) {
+  state.generating = false;
+  if (state.stream) state.stream.close();
+  state.stream = null;
+  $("suggestion-state").textContent = text;
+  $("accept").disabled = $("suggestion-text").textContent.length === 0;
+  $("draft").disabled = false;
+  $("cancel").hidden = true;
+  refreshFrames();
+}
+
+async function cancel() { await api("/api/cancel", { method: "POST", body: "{}" }); }
+
+function accept() {
+  const text = [...$("suggestion-text").querySelectorAll(".tok")].map((s) => s.textContent).join("");
+  $("c-body").value = $("c-body").value + text;
+  discard();
+}
+
+function discard() {
+  if (state.generating) cancel();
+  $("suggestion-text").replaceChildren();
+  $("suggestion").hidden = true;
+}
+
+// ---------------------------------------------------------------- import, badge, privacy, settings
+async function importMbox() {
+  const file = $("import").files[0];
+  if (!file) return;
+  $("import-report").textContent = "importing…";
+  try {
+    const res = await api("/api/import", { method: "POST", body: await file.arrayBuffer(),
+                                           headers: { "Content-Type": "application/mbox" } });
+    $("import-report").textContent = res.report;
+    await loadFolders();
+  } catch (err) { $("import-report").textContent = err.message; }
+  $("import").value = "";
+}
+
+async function refreshStatus() {
+  if (state.generating) return;
+  try {
+    const s = await api("/api/status");
+    setBadge($("badge"), s.mode, s.reason);
+  } catch (err) { setBadge($("badge"), "unknown", err.message); }
+}
+
+async function refreshFrames() {
+  const frames = await api(`/api/frames?since=${state.frames}`);
+  for (const f of frames) $("frames").appendChild(renderFrame(f));
+  state.frames += frames.length;
+  $("frame-count").textContent = state.frames;
+  if (frames.length && !$("privacy").hidden) $("frames").scrollTop = $("frames").scrollHeight;
+}
+
+async function openSettings() {
+  const s = await api("/api/settings");
+  const form = $("settings-form");
+  form.companion.value = s.companion;
+  form.token.value = s.token;
+  form.preset.value = s.preset;
+  $("settings-error").textContent = "";
+  $("settings").showModal();
+}
+
+async function saveSettings(event) {
+  if (event.submitter && event.submitter.value !== "save") return;
+  event.preventDefault();
+  const form = $("settings-form");
+  try {
+    await api("/api/settings", { method: "POST", body: JSON.stringify({
+      companion: form.companion.value, token: form.token.value, preset: form.preset.value }) });
+    $("settings").close();
+    refreshStatus();
+  } catch (err) { $("settings-error").textContent = err.message; }
+}
+
+// ---------------------------------------------------------------- wiring
+$("compose").onclick = () => compose(null);
+$("reply").onclick = () => compose(state.current.raw);
+$("folder-inbox").onclick = () => showFolder("inbox");
+$("folder-sent").onclick = () => showFolder("sent");
+$("draft").onclick = startDraft;
+$("cancel").onclick = cancel;
+$("accept").onclick = accept;
+$("discard").onclick = discard;
+$("close-composer").onclick = () => { discard(); $("composer").hidden = true; if (!state.current) $("empty").hidden = false; };
+$("composer").addEventListener("submit", send);
+$("import").onchange = importMbox;
+$("privacy-toggle").onclick = () => { $("privacy").hidden = !$("privacy").hidden; refreshFrames(); };
+$("settings-open").onclick = openSettings;
+$("settings-form").addEventListener("submit", saveSettings);
+
+loadFolders();
+refreshStatus();
+setInterval(refreshStatus, 2000);
+setInterval(() => { if (state.generating || !$("privacy").hidden) refreshFrames(); }, 700);

@@ -1,0 +1,173 @@
+"""The notes app's engine: notes in the history store, continuations, the link audit, the badge.
+
+Owns one `specsteer.Client` and everything the page asks of it: notes are `note` records of the
+history store itself (saving writes the record, deleting forgets it), a continuation streams
+`Client.stream` pieces for the note's title while the Specialist reads the user's private notes
+and sent mail, every frame the Client sends or receives is kept decoded for the "what left this
+device" panel, and the companion's reachability feeds the online/offline badge. No HTTP here
+(`server.py`), no models chosen here (`app.py`).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from specsteer import protocol
+from specsteer.client import Client, Result
+from specsteer.device import ModeChange, OfflinePolicy
+from specsteer.errors import SpecSteerError
+from specsteer.history import HistoryStore
+from specsteer.runtime.base import LanguageModel
+
+Emit = Callable[[str, dict[str, Any]], None]
+PRESETS = ("default", "fast", "strict")
+
+
+@dataclass
+class Settings:
+    """What the settings dialog edits."""
+
+    companion: str = ""  # ws:// or wss:// URL; empty: no companion (local only)
+    token: str = ""
+    preset: str = "default"
+
+
+class Busy(SpecSteerError):
+    """A continuation is already running (one at a time, like the bridge)."""
+
+
+class NotesEngine:
+    """Notes, continuations and the audit trail of one user (thread-safe for a threaded server)."""
+
+    def __init__(self, specialist: LanguageModel, store: HistoryStore, settings: Settings, *,
+                 max_new_tokens: int = 160, min_token_s: float = 0.0,
+                 retry_s: tuple[float, float] = (0.5, 2.0)) -> None:
+        self.specialist = specialist
+        self.store = store
+        self.settings = settings
+        self.max_new_tokens = max_new_tokens
+        self.min_token_s = min_token_s
+        self.policy = OfflinePolicy("degrade", first_retry_s=retry_s[0], max_retry_s=retry_s[1])
+        self.mode = "local" if not settings.companion else "unknown"
+        self.mode_reason = "no companion configured" if not settings.companion else ""
+        self._frames: list[dict[str, Any]] = []
+        self._frames_lock = threading.Lock()
+        self._running = threading.Lock()
+        self._cancel = threading.Event()
+
+    # -- notes: records of the history store -------------------------------------------------
+    def notes(self, query: str = "") -> list[dict[str, Any]]:
+        if query.strip():
+            records = [hit.record for hit in self.store.search(query, k=50, kinds=["note"])]
+        else:
+            records = self.store.list(kind="note", limit=500)
+        return [self._note(record) for record in records]
+
+    def save(self, title: str, body: str, note_id: str | None = None) -> dict[str, Any]:
+        """Create or update a note; it is history the Specialist reads from now on."""
+        if not body.strip() and not title.strip():
+            raise ValueError("a note needs a title or some text")
+        fields = {"kind": "note", "title": title.strip(), "body": body}
+        if note_id:
+            if note_id in self.store:
+                return self._note(self.store.update(note_id, title=fields["title"], body=body))
+            fields["id"] = note_id
+        else:
+            fields["created_at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        return self._note(self.store.add(**fields))
+
+    def delete(self, note_id: str) -> None:
+        """Forget a note: the store deletes the record and scrubs its text (secure_delete)."""
+        self.store.delete(note_id)
+
+    @staticmethod
+    def _note(record: Any) -> dict[str, Any]:
+        return {"id": record.id, "title": record.title, "body": record.body,
+                "created_at": record.created_at}
+
+    # -- the link audit ---------------------------------------------------------------------
+    def _tap(self, direction: str, frame: bytes) -> None:
+        tokenizer = self.specialist.tokenizer
+        seen = protocol.describe_frame(direction, frame, lambda i: tokenizer.decode([i]))
+        with self._frames_lock:
+            seen["n"] = len(self._frames) + 1
+            seen["at"] = time.time()
+            self._frames.append(seen)
+
+    def frames(self, since: int = 0) -> list[dict[str, Any]]:
+        with self._frames_lock:
+            return self._frames[since:]
+
+    # -- the badge ----------------------------------------------------------------------------
+    def probe(self) -> bool:
+        """Whether the companion accepts a websocket connection now (no session is opened)."""
+        if not self.settings.companion:
+            return False
+        from websockets.sync.client import connect
+
+        try:
+            with connect(self.settings.companion, open_timeout=1.5, close_timeout=0.5):
+                return True
+        except Exception:  # refused, 503 from a proxy, timeout, bad URL: all mean unreachable
+            return False
+
+    def status(self) -> dict[str, Any]:
+        reachable = self.probe()
+        if not self._running.locked() and self.settings.companion:
+            self.mode = "collaborative" if reachable else "local"
+            self.mode_reason = "" if reachable else "the companion is unreachable"
+        return {"mode": self.mode, "reason": self.mode_reason, "reachable": reachable,
+                "generating": self._running.locked(), "settings": asdict(self.settings),
+                "specialist": self.specialist.name, "history": self.store.stats()["kinds"]}
+
+    # -- continuations ------------------------------------------------------------------------
+    def cancel(self) -> bool:
+        running = self._running.locked()
+        self._cancel.set()
+        return running
+
+    def _client(self) -> Client:
+        return Client(self.specialist, history=self.store,
+                      companion=self.settings.companion or None, token=self.settings.token,
+                      timeout_s=4.0, connect_timeout_s=2.0, tap=self._tap)
+
+    def continue_note(self, title: str, emit: Emit) -> None:
+        """Stream a continuation for the note titled `title` through `emit(event, data)`:
+        `mode`, `piece` (text, provenance, token), then `done` (stats) or `cancelled`."""
+        if not self._running.acquire(blocking=False):
+            raise Busy("a continuation is already running; cancel it first")
+        try:
+            self._cancel.clear()
+
+            def on_mode(change: ModeChange) -> None:
+                self.mode, self.mode_reason = change.mode, change.reason
+                emit("mode", {"mode": change.mode, "reason": change.reason})
+
+            if self.settings.companion:
+                self.mode, self.mode_reason = "collaborative", ""
+            emit("mode", {"mode": self.mode, "reason": self.mode_reason})
+            out: list[Result] = []
+            stream = self._client().stream(
+                {"topic": title or "a new note"}, task="note", preset=self.settings.preset,
+                max_new_tokens=self.max_new_tokens, offline=self.policy, on_mode=on_mode,
+                result=out)
+            try:
+                for piece in stream:
+                    emit("piece", {"text": piece.text, "provenance": piece.provenance,
+                                   "token": piece.token})
+                    if self._cancel.wait(self.min_token_s):
+                        emit("cancelled", {})
+                        return
+            finally:
+                stream.close()
+            stats = out[0].stats
+            emit("done", {"tokens": stats.tokens, "acceptance_rate": stats.acceptance_rate,
+                          "tokens_per_s": stats.tokens_per_s, "bytes_up": stats.bytes_up,
+                          "bytes_down": stats.bytes_down, "degraded": stats.degraded,
+                          "reconnects": stats.reconnects, "records": list(stats.records)})
+        finally:
+            self._running.release()

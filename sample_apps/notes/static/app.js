@@ -1,0 +1,200 @@
+// SpecSteer Notes: the page. Talks to server.py's JSON API and its server-sent events.
+"use strict";
+
+const $ = (id) => document.getElementById(id);
+const state = { notes: [], current: null, stream: null, frames: 0, generating: false, settings: {} };
+
+async function api(path, options = {}) {
+  const res = await fetch(path, { headers: { "Content-Type": "application/json" }, ...options });
+  const data = await res.json();
+  if (!res.ok) throw new Error(data.error || res.statusText);
+  return data;
+}
+
+// ---------------------------------------------------------------- notes
+async function loadNotes() {
+  const q = $("search").value.trim();
+  state.notes = await api(`/api/notes${q ? `?q=${encodeURIComponent(q)}` : ""}`);
+  const list = $("note-list");
+  list.replaceChildren();
+  for (const note of state.notes) {
+    const li = document.createElement("li");
+    li.dataset.id = note.id;
+    if (state.current && state.current.id === note.id) li.classList.add("active");
+    const t = document.createElement("div");
+    t.className = "t";
+    t.textContent = note.title || "(untitled)";
+    const s = document.createElement("div");
+    s.className = "s";
+    s.textContent = note.body.replace(/\s+/g, " ").slice(0, 80);
+    li.append(t, s);
+    li.onclick = () => openNote(note);
+    list.appendChild(li);
+  }
+}
+
+function openNote(note) {
+  discard();
+  state.current = note;
+  $("title").value = note ? note.title : "";
+  $("body").value = note ? note.body : "";
+  $("delete").disabled = !note;
+  for (const li of $("note-list").children) li.classList.toggle("active", !!note && li.dataset.id === note.id);
+  say(note ? `Saved note · ${note.created_at ? note.created_at.slice(0, 10) : ""}` : "New note");
+}
+
+async function save() {
+  const note = await api("/api/notes", {
+    method: "POST",
+    body: JSON.stringify({ id: state.current && state.current.id, title: $("title").value, body: $("body").value }),
+  });
+  state.current = note;
+  $("delete").disabled = false;
+  await loadNotes();
+  say("Saved · it is now part of your private history");
+  return note;
+}
+
+async function remove() {
+  if (!state.current) return;
+  if (!confirm(`Delete “${state.current.title || "this note"}”? It is forgotten from your history too.`)) return;
+  await api(`/api/notes/${encodeURIComponent(state.current.id)}`, { method: "DELETE" });
+  openNote(null);
+  await loadNotes();
+  say("Deleted and forgotten");
+}
+
+function say(text) { $("status-line").textContent = text; }
+
+// ---------------------------------------------------------------- continuation
+function startContinuation() {
+  if (state.generating) return;
+  const go = () => {
+    discard();
+    state.generating = true;
+    $("suggestion").hidden = false;
+    $("suggestion-state").textContent = "writing…";
+    $("accept").disabled = true;
+    $("continue").disabled = true;
+    $("cancel").hidden = false;
+    const es = new EventSource(`/api/continue?title=${encodeURIComponent($("title").value)}`);
+    state.stream = es;
+    es.addEventListener("piece", (e) => {
+      const p = JSON.parse(e.data);
+      $("suggestion-text").appendChild(tokenSpan(p.text, p.provenance));
+      $("suggestion").scrollTop = $("suggestion").scrollHeight;
+    });
+    es.addEventListener("mode", (e) => {
+      const m = JSON.parse(e.data);
+      setBadge($("badge"), m.mode, m.reason);
+      if ($("suggestion-text").childNodes.length) {
+        const line = document.createElement("span");
+        line.className = "modeline";
+        line.textContent = m.mode === "local" ? `— companion lost (${m.reason}); the on-device model goes on —`
+          : "— companion back; steering resumes —";
+        $("suggestion-text").appendChild(line);
+      }
+    });
+    es.addEventListener("done", (e) => {
+      const s = JSON.parse(e.data);
+      finish(`${s.tokens} tokens · ${(s.acceptance_rate * 100).toFixed(0)}% drafts accepted · ${s.bytes_up + s.bytes_down} bytes on the wire`
+        + (s.degraded ? " · partly offline" : ""));
+    });
+    es.addEventListener("cancelled", () => finish("cancelled"));
+    es.addEventListener("failed", (e) => finish(`failed: ${JSON.parse(e.data).error}`));
+    es.onerror = () => { if (state.generating) finish("connection to the app lost"); };
+  };
+  // save first: the note being written is part of the private context the Specialist reads
+  ($("title").value || $("body").value ? save() : Promise.resolve()).then(go, (err) => say(err.message));
+}
+
+function finish(text) {
+  state.generating = false;
+  if (state.stream) state.stream.close();
+  state.stream = null;
+  $("suggestion-state").textContent = text;
+  $("accept").disabled = $("suggestion-text").textContent.length === 0;
+  $("continue").disabled = false;
+  $("cancel").hidden = true;
+  refreshFrames();
+}
+
+async function cancel() {
+  await api("/api/cancel", { method: "POST", body: "{}" });
+}
+
+function accept() {
+  const text = [...$("suggestion-text").querySelectorAll(".tok")].map((s) => s.textContent).join("");
+  const body = $("body");
+  body.value = body.value + (body.value && !/\s$/.test(body.value) && !/^\s/.test(text) ? " " : "") + text;
+  discard();
+  save();
+}
+
+function discard() {
+  if (state.generating) cancel();
+  $("suggestion-text").replaceChildren();
+  $("suggestion").hidden = true;
+}
+
+// ---------------------------------------------------------------- badge, privacy, settings
+async function refreshStatus() {
+  if (state.generating) return; // mode events drive the badge while writing
+  try {
+    const s = await api("/api/status");
+    setBadge($("badge"), s.settings.companion ? s.mode : "none", s.reason);
+  } catch (err) { setBadge($("badge"), "unknown", err.message); }
+}
+
+async function refreshFrames() {
+  const frames = await api(`/api/frames?since=${state.frames}`);
+  const list = $("frames");
+  for (const f of frames) list.appendChild(renderFrame(f));
+  state.frames += frames.length;
+  $("frame-count").textContent = state.frames;
+  if (frames.length && !$("privacy").hidden) list.scrollTop = list.scrollHeight;
+}
+
+async function openSettings() {
+  state.settings = await api("/api/settings");
+  const form = $("settings-form");
+  form.companion.value = state.settings.companion;
+  form.token.value = state.settings.token;
+  form.preset.value = state.settings.preset;
+  $("settings-error").textContent = "";
+  $("settings").showModal();
+}
+
+async function saveSettings(event) {
+  if (event.submitter && event.submitter.value !== "save") return;
+  event.preventDefault();
+  const form = $("settings-form");
+  try {
+    await api("/api/settings", { method: "POST", body: JSON.stringify({
+      companion: form.companion.value, token: form.token.value, preset: form.preset.value }) });
+    $("settings").close();
+    refreshStatus();
+  } catch (err) { $("settings-error").textContent = err.message; }
+}
+
+// ---------------------------------------------------------------- wiring
+$("new-note").onclick = () => { openNote(null); $("title").focus(); };
+$("save").onclick = () => save().catch((e) => say(e.message));
+$("delete").onclick = () => remove().catch((e) => say(e.message));
+$("continue").onclick = startContinuation;
+$("cancel").onclick = cancel;
+$("accept").onclick = accept;
+$("discard").onclick = discard;
+$("search").oninput = () => loadNotes();
+$("privacy-toggle").onclick = () => { $("privacy").hidden = !$("privacy").hidden; refreshFrames(); };
+$("settings-open").onclick = openSettings;
+$("settings-form").addEventListener("submit", saveSettings);
+document.addEventListener("keydown", (e) => {
+  if ((e.ctrlKey || e.metaKey) && e.key === "s") { e.preventDefault(); save(); }
+});
+
+openNote(null);
+loadNotes();
+refreshStatus();
+setInterval(refreshStatus, 2000);
+setInterval(() => { if (state.generating || !$("privacy").hidden) refreshFrames(); }, 700);

@@ -1,0 +1,79 @@
+// Shared by the sample apps: the badge and the "what left this device" panel.
+"use strict";
+
+const FRAME_DETAIL = {
+  Hello: (f) => `client ${f.fields.client_name || "?"}, token ${f.fields.auth_token}`,
+  HelloOk: (f) => `companion ${f.fields.companion_version}, vocabulary ${f.fields.vocab_size}`,
+  OpenSession: (f) => `public request: ${f.tokens.prompt_ids ? f.tokens.prompt_ids.length : 0} token ids`,
+  SessionOpened: (f) => `session ${f.fields.session_id}`,
+  Draft: (f) => `round ${f.fields.round}`,
+  Verdict: (f) => `round ${f.fields.round}: ${f.fields.accepted} accepted, ${(f.fields.ids || []).length} candidates`,
+  Close: (f) => f.fields.reason || "",
+  Error: (f) => `${f.fields.code}: ${f.fields.message}`,
+};
+const TOKEN_LABEL = { prompt_ids: "request", committed_ids: "committed", draft_ids: "drafted", ids: "candidates" };
+
+function visible(text) {
+  return text.replace(/\n/g, "⏎").replace(/ /g, "·");
+}
+
+function renderFrame(f) {
+  const li = document.createElement("li");
+  li.className = `frame ${f.direction}`;
+  const head = document.createElement("div");
+  head.className = "head";
+  head.innerHTML = `<span class="dir ${f.direction}">${f.direction === "up" ? "↑" : "↓"}</span>` +
+    `<span class="type"></span><span class="bytes"></span>`;
+  head.querySelector(".type").textContent = `#${f.n} ${f.type}`;
+  head.querySelector(".bytes").textContent = `${f.bytes} B`;
+  li.appendChild(head);
+  const detail = (FRAME_DETAIL[f.type] || (() => JSON.stringify(f.fields)))(f);
+  if (detail) {
+    const d = document.createElement("div");
+    d.className = "detail";
+    d.textContent = detail;
+    li.appendChild(d);
+  }
+  for (const [name, ids] of Object.entries(f.tokens || {})) {
+    if (name === "ids") continue; // candidate ids of a verdict: numbers the device chooses from
+    const row = document.createElement("div");
+    row.className = "ids";
+    const label = document.createElement("b");
+    label.textContent = TOKEN_LABEL[name] || name;
+    row.appendChild(label);
+    for (const t of ids) {
+      const s = document.createElement("span");
+      s.title = `token ${t.id}`;
+      s.textContent = t.text === null ? `${t.id}` : `${t.id} "${visible(t.text)}"`;
+      row.appendChild(s);
+    }
+    li.appendChild(row);
+  }
+  return li;
+}
+
+function setBadge(el, mode, reason) {
+  el.classList.remove("online", "offline", "none", "unknown");
+  if (mode === "collaborative") {
+    el.classList.add("online");
+    el.textContent = "Online · companion steering";
+  } else if (mode === "none") {
+    el.classList.add("none");
+    el.textContent = "On-device only";
+  } else if (mode === "local") {
+    el.classList.add("offline");
+    el.textContent = "Offline · writing locally";
+  } else {
+    el.classList.add("unknown");
+    el.textContent = "checking…";
+  }
+  el.title = reason || "";
+}
+
+function tokenSpan(text, provenance) {
+  const span = document.createElement("span");
+  span.className = `tok ${provenance}`;
+  span.dataset.provenance = provenance;
+  span.textContent = text;
+  return span;
+}

@@ -1,0 +1,56 @@
+"""Browser tests of the sample apps: Debian's chromium driven by Playwright (no browser download).
+
+A missing chromium or Playwright skips these tests on a developer machine and fails them with
+CI=true. `SPECSTEER_SCREENSHOTS=DIR` saves the screenshots the docs use into DIR.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from specsteer.models.tiny import tiny_model_dir
+from specsteer_companion.process import start_companion
+from specsteer_companion.proxy import Faults, ProxyThread
+
+CHROMIUM = os.environ.get("SPECSTEER_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
+
+
+def _missing(what: str) -> None:
+    message = f"{what}; install it with `apt-get install -y chromium` and `pip install playwright`"
+    if os.environ.get("CI") == "true":
+        pytest.fail(f"browser tests need {message}")
+    pytest.skip(f"no browser: {message}")
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[object]:
+    """Chromium for one test module: Playwright's sync API runs an event loop on this thread
+    while it is open, so it must be closed before other modules call asyncio.run."""
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        _missing("the playwright package is not installed")
+    if not Path(CHROMIUM).is_file():
+        _missing(f"chromium is not at {CHROMIUM}")
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        yield browser
+        browser.close()
+
+
+@pytest.fixture()
+def companion_behind_proxy() -> Iterator[ProxyThread]:
+    """A real tiny companion process behind a fault proxy (the switch takes it away)."""
+    proc, url = start_companion(str(tiny_model_dir("llama", seed=1)),
+                                str(tiny_model_dir("llama", seed=0)), timeout_s=120)
+    try:
+        with ProxyThread(url, Faults(delay_s=0.01)) as proxy:
+            yield proxy
+    finally:
+        proc.terminate()
+        proc.wait(10)

@@ -1,0 +1,116 @@
+"""The notes app in a real browser on tiny models: write, continue with provenance colours, lose
+the companion (offline badge, local tokens), get it back (resume), and a privacy panel that
+never shows the private history."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from apps_helpers import python_app, screenshot, start_app
+
+from specsteer.history import HistoryStore
+
+CANARY = "Marigold-canary-7731 under the blue bench"
+COLLAB = ", ".join(f"#suggestion-text .tok.{p}" for p in ("draft", "recovered", "bonus"))
+
+
+@pytest.fixture()
+def notes_app(companion_behind_proxy, tmp_path: Path) -> Iterator[tuple[str, object, Path]]:
+    history = tmp_path / "notes.db"
+    proc, url = start_app(
+        python_app("sample_apps/notes/app.py", "--port", "0", "--companion",
+                   companion_behind_proxy.url, "--history", str(history), "--min-token-ms", "40"),
+        "SpecSteer Notes on")
+    try:
+        yield url, companion_behind_proxy, history
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+def test_write_continue_lose_and_regain_the_companion(browser, notes_app) -> None:
+    url, proxy, history = notes_app
+    page = browser.new_page(viewport={"width": 1400, "height": 860})
+    page.goto(url)
+    page.wait_for_selector("#note-list li")
+    page.wait_for_selector("#badge.online")
+
+    # write a note: it is saved into the history store
+    page.click("#new-note")
+    page.fill("#title", "Bulb planting day")
+    page.fill("#body", f"Tulips along the fence this Saturday. {CANARY}.")
+    page.click("#save")
+    page.wait_for_selector("#note-list li.active >> text=Bulb planting day")
+    with HistoryStore(history, read_only=True) as store:
+        saved = [r for r in store.list(kind="note") if r.title == "Bulb planting day"]
+    assert saved and CANARY in saved[0].body
+
+    # continue in my voice: provenance-coloured tokens stream in while the companion steers
+    page.click("#privacy-toggle")
+    page.click("#continue")
+    page.wait_for_selector("#cancel:visible")
+    page.wait_for_function(f"document.querySelectorAll('{COLLAB}').length >= 8")
+    streamed = page.locator("#suggestion-text .tok").count()
+    page.wait_for_function(
+        f"document.querySelectorAll('#suggestion-text .tok').length > {streamed}")
+    screenshot(page, "notes-online.png")
+
+    # the companion goes away: badge offline, the on-device model goes on (local tokens)
+    proxy.set_online(False)
+    page.wait_for_selector("#badge.offline")
+    page.wait_for_selector("#suggestion-text .tok.local")
+    screenshot(page, "notes-offline.png")
+
+    # it comes back: collaboration resumes in the same continuation
+    proxy.set_online(True)
+    page.wait_for_function(
+        "(() => { const t = [...document.querySelectorAll('#suggestion-text .tok')];"
+        " const i = t.findIndex(s => s.dataset.provenance === 'local');"
+        " return i >= 0 && t.slice(i).some(s => s.dataset.provenance !== 'local'); })()",
+        timeout=20000)
+    page.wait_for_selector("#badge.online")
+    page.wait_for_selector("#cancel", state="hidden", timeout=60000)
+    assert page.locator("#accept").is_enabled()
+
+    # the privacy panel: frames up and down, the public request visible, no private text
+    page.wait_for_function("document.querySelectorAll('#frames li').length > 10")
+    panel = page.inner_text("#frames")
+    assert "OpenSession" in panel and "Draft" in panel and "Verdict" in panel
+    for private in ("Marigold", "canary", "Dirt under the nails", "Chicken-wire", "Tulips"):
+        assert private not in panel
+    screenshot(page, "notes-privacy.png")
+
+    # accept appends the continuation to the note and saves it
+    suggestion = "".join(page.locator("#suggestion-text .tok").all_text_contents())
+    page.click("#accept")
+    page.wait_for_selector("#suggestion", state="hidden")
+    assert page.input_value("#body").endswith(suggestion)
+    page.close()
+
+
+def test_search_cancel_and_delete_forgets(browser, notes_app) -> None:
+    url, _, history = notes_app
+    page = browser.new_page()
+    page.goto(url)
+    page.fill("#search", "courgettes")
+    page.wait_for_function("document.querySelectorAll('#note-list li').length < 25")
+    page.wait_for_selector("#note-list li >> text=Courgette glut")
+    page.click("#note-list li >> text=Courgette glut")
+    assert "A marrow is a courgette someone forgot" in page.input_value("#body")
+
+    page.click("#continue")
+    page.wait_for_selector("#suggestion-text .tok")
+    page.click("#cancel")
+    page.wait_for_selector("#suggestion-state >> text=cancelled")
+    assert not page.locator("#cancel").is_visible()
+
+    page.once("dialog", lambda dialog: dialog.accept())
+    page.click("#delete")
+    page.wait_for_selector("#status-line >> text=Deleted and forgotten")
+    with HistoryStore(history, read_only=True) as store:
+        assert not [r for r in store.list(kind="note", limit=500) if r.title == "Courgette glut"]
+        hits = store.search("marrow courgette glut", kinds=["note"])
+        assert "note:wren-17" not in [hit.record.id for hit in hits]
+    page.close()

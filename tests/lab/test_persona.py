@@ -1,0 +1,46 @@
+"""The persona in sample_apps/data: 30-60 items in one voice, and the demo's store built from it
+with no shared data set anywhere."""
+
+from __future__ import annotations
+
+import json
+import mailbox
+from pathlib import Path
+
+import pytest
+
+from specsteer.errors import SpecSteerError
+from specsteer_lab import demo
+
+SIGN_OFF = "Dirt under the nails,\nWren"
+
+
+def _sent() -> list[str]:
+    box = mailbox.mbox(str(demo.PERSONA_DIR / "sent.mbox"))
+    return [message.get_payload(decode=True).decode("utf-8") for message in box]
+
+
+def test_persona_has_thirty_to_sixty_items_in_one_voice() -> None:
+    notes = json.loads((demo.PERSONA_DIR / "notes.json").read_text(encoding="utf-8"))
+    sent = _sent()
+    assert 30 <= len(notes) + len(sent) <= 60
+    # the voice's habits: a practical list and a "small win" in notes, the same sign-off in mail
+    assert all("Practical bits:" in n["body"] or "What worked:" in n["body"] for n in notes)
+    assert all("Small win:" in n["body"] for n in notes)
+    assert all(body.rstrip().endswith(SIGN_OFF) for body in sent)
+
+
+def test_persona_store_needs_no_shared_data(monkeypatch: pytest.MonkeyPatch,
+                                            tmp_path: Path) -> None:
+    monkeypatch.setenv("SPECSTEER_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("SPECSTEER_DATA_DIR", str(tmp_path / "nowhere"))
+    store = demo.persona_store()
+    assert store.stats()["kinds"] == {"note": 25, "email": 16}
+    assert demo.persona_store().stats()["kinds"] == {"note": 25, "email": 16}  # idempotent
+    hits = store.search("seed swap envelopes", k=2, kinds=["email"])
+    assert hits and "envelopes" in hits[0].record.body
+
+
+def test_missing_persona_folder_is_a_clear_error(tmp_path: Path) -> None:
+    with pytest.raises(SpecSteerError, match="persona data is missing.*--data"):
+        demo.persona_store(tmp_path)

@@ -1,0 +1,29 @@
+"""describe_frame: what a privacy panel shows of a frame (fields, token texts, token hidden)."""
+
+from __future__ import annotations
+
+import json
+
+from specsteer import protocol
+
+
+def test_draft_is_described_with_its_token_texts() -> None:
+    frame = protocol.encode(protocol.Draft(round=3, committed_ids=(7,), draft_ids=(5, 9)))
+    seen = protocol.describe_frame("up", frame, lambda i: f"<{i}>")
+    assert seen["type"] == "Draft" and seen["bytes"] == len(frame) and seen["direction"] == "up"
+    assert seen["fields"]["round"] == 3
+    assert seen["tokens"] == {"committed_ids": [{"id": 7, "text": "<7>"}],
+                              "draft_ids": [{"id": 5, "text": "<5>"}, {"id": 9, "text": "<9>"}]}
+    json.dumps(seen)  # JSON-friendly all the way down
+
+
+def test_hello_never_repeats_the_device_token() -> None:
+    frame = protocol.encode(protocol.Hello("g" * 64, "s" * 64, auth_token="sekret-token-42"))
+    seen = protocol.describe_frame("up", frame)
+    assert "sekret" not in json.dumps(seen)
+    assert seen["fields"]["auth_token"] == "(15 characters, not shown)"
+
+
+def test_a_frame_that_does_not_decode_is_described_not_raised() -> None:
+    seen = protocol.describe_frame("down", b"\x01\xff garbage")
+    assert seen["type"] == "undecodable" and seen["bytes"] == 10 and seen["fields"]["error"]
