@@ -71,6 +71,12 @@ class GenerationStats:
     pipelined: int = 0  # rounds drafted while the previous round was being verified
     records: tuple[str, ...] = ()
     truncated: tuple[str, ...] = ()
+    # the leak guard (Params.leak_guard): private spans it found in what was about to leave;
+    # drafted tokens it kept back or picks it turned away (redact); tokens decoded on the
+    # device alone because it held
+    leak_flagged: int = 0
+    leak_redacted: int = 0
+    leak_held: int = 0
 
     @property
     def bytes_per_token(self) -> float:
@@ -251,6 +257,8 @@ class Client:
                     offline_reason=stats.offline_reason, reconnects=stats.reconnects,
                     pipelined=stats.pipelined,
                     records=prompt.records, truncated=prompt.truncated,
+                    leak_flagged=stats.leak_flagged, leak_redacted=stats.leak_redacted,
+                    leak_held=stats.leak_held,
                 ),
             ))
 

@@ -14,6 +14,7 @@ from specsteer.steer import SELECTS
 
 _WIRE = SessionSettings()  # the method's defaults, written once (protocol.SessionSettings)
 
+LEAK_GUARDS = ("allow", "redact", "hold")
 METHODS = ("slm", "slm_rag", "llm", "speculative", "light_costeer", "costeer", "specsteer")
 LOCAL_METHODS = ("slm", "slm_rag")
 # "fast" also halves the candidate set: the fused choice ranked within the Generalist's top 32
@@ -48,6 +49,10 @@ class Params:
     pipeline: bool = True  # draft the next round while the companion verifies (greedy only)
     adaptive_k: bool = False  # choose K each round in [1, k_max] from measured costs (starts at k)
     k_max: int = 8
+    # what a draft that copies private history does (device/leak_guard.py): "allow" (send it,
+    # count it), "redact" (cut it, ban the span's next token), "hold" (finish on the device)
+    leak_guard: str = "allow"
+    leak_guard_n: int = 8  # tokens in a private window that the guard flags
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
@@ -58,6 +63,11 @@ class Params:
             raise ValueError("k >= 0, top_k >= 1, max_new_tokens >= 0 and gamma >= 0 are required")
         if self.select not in SELECTS:
             raise ValueError("select must be 'generalist' or 'difference'")
+        if self.leak_guard not in LEAK_GUARDS:
+            raise ValueError(f"leak_guard must be one of {', '.join(LEAK_GUARDS)}, "
+                             f"not {self.leak_guard!r}")
+        if self.leak_guard_n < 2:
+            raise ValueError("leak_guard_n must be at least 2")
         if self.adaptive_k and not 1 <= self.k <= self.k_max:
             raise ValueError("adaptive_k needs 1 <= k <= k_max")
 

@@ -38,6 +38,11 @@ class DecodeStats:
     reconnects: int = 0  # times collaboration resumed after going local
     pipelined: int = 0  # rounds whose draft was made while the previous one was verified
     accept_lengths: list[int] = field(default_factory=list)
+    # the leak guard (device/leak_guard.py): spans it flagged; drafted tokens it cut from drafts
+    # or picks it turned away ("redact"); tokens decoded on the device alone because it held
+    leak_flagged: int = 0
+    leak_redacted: int = 0
+    leak_held: int = 0
 
     @property
     def acceptance_rate(self) -> float:

@@ -17,6 +17,7 @@ import numpy as np
 
 from specsteer.device.drafting import choose
 from specsteer.device.events import DecodeStats, DevicePrompt, TokenEvent
+from specsteer.device.leak_guard import LeakGuard, LeakHeld
 from specsteer.device.offline import LINK_ERRORS, ModeChange, OfflinePolicy, Reconnector
 from specsteer.device.rounds import collaborate
 from specsteer.link import CompanionLink
@@ -76,6 +77,11 @@ class _Generation:
         self.prompt_ids = list(prompt.private_ids if params.method != "slm" else prompt.public_ids)
         room = len(self.prompt_ids) + params.max_new_tokens + 64
         self.local = Track(specialist, self.prompt_ids, room, lazy=True)
+        self.guard = LeakGuard(
+            specialist.tokenizer, prompt.private_ids, prompt.public_ids,
+            policy=params.leak_guard, n=params.leak_guard_n,
+        ) if params.collaborative else None
+        self.held = False  # the leak guard stopped collaboration for the rest of the generation
 
     def run(self, link: CompanionLink | None) -> Iterator[TokenEvent]:
         params, stats = self.params, self.stats
@@ -94,18 +100,27 @@ class _Generation:
                         token, provenance = next(self.remote)
                     except StopIteration:
                         return
+                    except LeakHeld as held:
+                        self._hold(str(held))
+                        continue
                     except LINK_ERRORS as exc:
                         self._drop_remote()
                         self.local.resync([*self.prompt_ids, *self.out])
                         self._lost(exc)
                         continue
-                elif params.collaborative and (back := self.links.poll()) is not None:
+                elif params.collaborative and not self.held \
+                        and (back := self.links.poll()) is not None:
+                    if self._discloses(self.out):
+                        back.close()
+                        self._hold("leak guard: the local text holds private history")
+                        continue
                     self._go_remote(back)
                     stats.reconnects += 1
                     self._announce("collaborative", "companion is back")
                     continue
                 else:
                     token, provenance = self._local_token(), "local"
+                    self.stats.leak_held += self.held
                 yield self._emit(token, provenance)
                 if token in self.eos:
                     return
@@ -122,6 +137,23 @@ class _Generation:
         self.remote = collaborate(
             self.specialist, self.local, public, left, link, self.stats, self.rng
         )
+
+    def _hold(self, reason: str) -> None:
+        """The leak guard held: finish on the device alone; nothing more is sent."""
+        self._drop_remote()
+        self.local.resync([*self.prompt_ids, *self.out])
+        self.held = True
+        self._announce("local", reason)
+
+    def _discloses(self, resent: list[int]) -> bool:
+        """Whether re-opening a session on the public prompt plus `resent` (tokens decoded
+        locally, never checked) would send private history the guard is told to keep."""
+        if self.guard is None or self.guard.policy == "allow":
+            return False
+        if self.guard.scan(self.prompt.public_ids, resent) is None:
+            return False
+        self.stats.leak_flagged += 1
+        return True
 
     def _lost(self, exc: Exception) -> None:
         """The companion failed: raise, wait for it, or go local, as the policy says."""
