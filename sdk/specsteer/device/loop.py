@@ -36,6 +36,7 @@ def decode(
     connect: Callable[[], CompanionLink] | None = None,
     offline: OfflinePolicy | str = "degrade",
     on_mode: Callable[[ModeChange], None] | None = None,
+    guard: LeakGuard | None = None,
 ) -> Iterator[TokenEvent]:
     """Yield generated tokens for `prompt` with `params.method`; stops at end-of-text.
 
@@ -44,8 +45,11 @@ def decode(
     the tokens come from the local Specialist (provenance "local"), `stats.degraded` is set, and
     `connect` is retried with backoff; a reconnect re-opens the session on the public prompt
     plus everything committed so far and collaboration resumes in the same generation.
+
+    `guard` checks what leaves (`params.leak_guard`); by default it is built from the prompt's
+    two views. Pass one built over more private text (e.g. the whole history) to guard that too.
     """
-    generation = _Generation(specialist, prompt, params, stats, connect, offline, on_mode)
+    generation = _Generation(specialist, prompt, params, stats, connect, offline, on_mode, guard)
     yield from generation.run(link)
 
 
@@ -61,6 +65,7 @@ class _Generation:
         connect: Callable[[], CompanionLink] | None,
         offline: OfflinePolicy | str,
         on_mode: Callable[[ModeChange], None] | None,
+        guard: LeakGuard | None = None,
     ) -> None:
         self.specialist, self.prompt, self.params = specialist, prompt, params
         self.stats = stats if stats is not None else DecodeStats()
@@ -77,10 +82,10 @@ class _Generation:
         self.prompt_ids = list(prompt.private_ids if params.method != "slm" else prompt.public_ids)
         room = len(self.prompt_ids) + params.max_new_tokens + 64
         self.local = Track(specialist, self.prompt_ids, room, lazy=True)
-        self.guard = LeakGuard(
+        self.guard = guard if guard is not None or not params.collaborative else LeakGuard(
             specialist.tokenizer, prompt.private_ids, prompt.public_ids,
             policy=params.leak_guard, n=params.leak_guard_n,
-        ) if params.collaborative else None
+        )
         self.held = False  # the leak guard stopped collaboration for the rest of the generation
 
     def run(self, link: CompanionLink | None) -> Iterator[TokenEvent]:
@@ -135,7 +140,7 @@ class _Generation:
         left = replace(self.params, max_new_tokens=self.params.max_new_tokens - len(self.out))
         public = [*self.prompt.public_ids, *self.out]
         self.remote = collaborate(
-            self.specialist, self.local, public, left, link, self.stats, self.rng
+            self.specialist, self.local, public, left, link, self.stats, self.rng, self.guard
         )
 
     def _hold(self, reason: str) -> None:
