@@ -14,8 +14,9 @@ of disclosure and names the first token to withhold:
   the first draft token overlapping the match is flagged.
 
 The policy (`Params.leak_guard`, applied in `device.rounds` and `device.loop`): "allow" counts
-flagged spans and sends them; "redact" cuts the draft before the flagged token and bans every
-candidate that would complete a flagged span in the fused pick; "hold" stops collaborating at
+flagged spans and sends them; "redact" cuts the draft before the flagged token and, in the fused
+pick at that position, bans the token it cut off and every candidate that would complete a
+flagged span; "hold" stops collaborating at
 the flagged token and finishes the generation on the device alone, so neither the span nor
 anything after it is sent. docs/companion-security.md ("Drafts and the leak guard") has the
 threat model.
@@ -170,9 +171,12 @@ class LeakGuard:
         return Flag(len(tokens) - 1, kind)
 
 
-def best_allowed(guard: LeakGuard, context: Sequence[int], row: np.ndarray) -> int:
-    """The Specialist's best token that discloses nothing (when every candidate would)."""
+def best_allowed(
+    guard: LeakGuard, context: Sequence[int], row: np.ndarray, withheld: int | None = None
+) -> int:
+    """The Specialist's best token that discloses nothing and is not `withheld` (when every
+    candidate would disclose)."""
     for token in np.argsort(-row, kind="stable")[:256]:
-        if not guard.blocks(context, int(token)):
+        if int(token) != withheld and not guard.blocks(context, int(token)):
             return int(token)
     return int(np.argmax(row))

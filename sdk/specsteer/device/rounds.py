@@ -105,6 +105,7 @@ class SteeredRounds:
         self.guard = guard
         # what the companion holds once `committed` is sent (the guard's context)
         self.text: list[int] = list(public_ids or [])
+        self.withheld: tuple[int, int] | None = None  # (draft index, id) cut off by "redact"
 
     def tokens(self) -> Iterator[tuple[int, str]]:
         try:
@@ -139,7 +140,11 @@ class SteeredRounds:
         if n == len(drafted) and drafted and drafted[-1] in self.eos:  # its end-of-text stands
             return [(t, "draft") for t in drafted], True
         s0_row = None if s0_rows is None else s0_rows[off + n]
-        token = self._recover(verdict, current.rows[n], s0_row, [*self.text, *drafted[:n]])
+        # the token cut off by "redact" may not come back at its own position
+        withheld = self.withheld[1] if self.withheld and self.withheld[0] == n else None
+        self.withheld = None
+        token = self._recover(verdict, current.rows[n], s0_row, [*self.text, *drafted[:n]],
+                              withheld)
         bet_won = None if self.ahead is None else n == len(drafted) and token == guess
         if self.sizer is not None and self.mode is Mode.SPECSTEER:
             self.k = self.sizer.observe(
@@ -195,6 +200,8 @@ class SteeredRounds:
             raise LeakHeld(flag)
         if self.guard.policy == "redact":
             cut = max(0, flag.index - len(self.committed))
+            if flag.index >= len(self.committed):
+                self.withheld = (cut, current.tokens[cut])
             self.stats.leak_redacted += len(current.tokens) - cut
             self._cut(current, cut)
 
@@ -252,11 +259,13 @@ class SteeredRounds:
         sc_row: np.ndarray,
         s0_row: np.ndarray | None,
         context: list[int],
+        withheld: int | None = None,
     ) -> int:
         """The token after the accepted drafts: the companion's correction (speculative), or
         the fused pick over its candidates with the private term added here. Under "redact"
-        a pick that would complete a flagged span is turned away: the best other candidate,
-        or (none left) the Specialist's best token that discloses nothing."""
+        a pick that is the token just cut from the draft (`withheld`: the flagged span's first
+        token) or would complete a flagged span is turned away: the best other candidate, or
+        (none left) the Specialist's best token that discloses nothing."""
         if self.mode is Mode.SPECULATIVE:
             return int(verdict.ids[0])
         params = self.params
@@ -267,13 +276,16 @@ class SteeredRounds:
         )
         token = steer.pick(candidates.ids, scores, params.temperature, self.rng)
         guard = self.guard
-        if guard is None or guard.policy != "redact" or not guard.blocks(context, token):
+        if guard is None or guard.policy != "redact":
             return token
-        self.stats.leak_flagged += 1
-        self.stats.leak_redacted += 1
-        allowed = guard.allowed(context, candidates.ids)
+        if token != withheld:
+            if not guard.blocks(context, token):
+                return token
+            self.stats.leak_flagged += 1  # a new span, begun by the pick itself
+            self.stats.leak_redacted += 1
+        allowed = guard.allowed(context, candidates.ids) & (candidates.ids != withheld)
         if not allowed.any():
-            return best_allowed(guard, context, sc_row)
+            return best_allowed(guard, context, sc_row, withheld)
         return steer.pick(candidates.ids, np.where(allowed, scores, -np.inf), params.temperature,
                           self.rng)
 
