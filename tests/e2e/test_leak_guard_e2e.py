@@ -8,13 +8,16 @@ real-model test and bench/leak_guard.py measure that).
 
 from __future__ import annotations
 
+import time
+
 import pytest
 from test_privacy_e2e import _check_drafts_are_public_functions
 
 from specsteer import protocol
 from specsteer.client import Client
-from specsteer.device import DecodeStats, Params, decode
+from specsteer.device import DecodeStats, OfflinePolicy, Params, decode
 from specsteer.device.leak_guard import LeakGuard
+from specsteer.errors import CompanionUnavailable
 from specsteer.history import HistoryStore
 from specsteer.link import CompanionLink
 from specsteer_companion.local import LocalChannel
@@ -113,3 +116,40 @@ def test_hold_finishes_on_the_device_and_sends_nothing_more(tiny_model, setup):
               for m in [protocol.decode(f, protocol.Limits())] if isinstance(m, protocol.Close)]
     assert len(closes) == 1  # the session was closed; nothing followed it
 
+
+
+@pytest.mark.parametrize("policy", ["allow", "redact", "hold"])
+def test_a_reconnect_never_resends_private_text_written_offline(tiny_model, setup, policy):
+    """Offline, the Specialist writes alone and unguarded; a reconnect would put that text in
+    the new session's prompt. Under redact and hold the device stays local instead."""
+    prompt, verifier = setup
+    local_text = [e.token for e in decode(tiny_model, prompt, Params(
+        method="slm_rag", max_new_tokens=60))]
+    attempts = {"n": 0}
+
+    def connect() -> CompanionLink:
+        attempts["n"] += 1
+        if attempts["n"] == 1:
+            raise CompanionUnavailable("down for a moment")
+        link = CompanionLink(LocalChannel.for_verifier(verifier))
+        link.hello(specialist_sha256=tiny_model.sha256)
+        return link
+
+    guard = LeakGuard(tiny_model.tokenizer, [*prompt.private_ids, *local_text],
+                      prompt.public_ids, policy=policy, n=N)
+    stats = DecodeStats()
+    events = []
+    for event in decode(tiny_model, prompt, Params(max_new_tokens=60, leak_guard=policy,
+                                                   leak_guard_n=N), None, stats,
+                        connect=connect, offline=OfflinePolicy("degrade", first_retry_s=0.0),
+                        guard=guard):
+        events.append(event)
+        if len(events) == 8:
+            time.sleep(0.5)  # the reconnect probe (started at the first local token) lands
+    provenance = [e.provenance for e in events]
+    assert provenance[0] == "local" and attempts["n"] >= 2
+    if policy == "allow":
+        assert stats.reconnects == 1 and provenance[-1] != "local"
+    else:
+        assert stats.reconnects == 0 and set(provenance) == {"local"}
+        assert stats.leak_flagged == 1 and stats.leak_held > 0
