@@ -54,7 +54,7 @@ def audit(frames: list[tuple[str, bytes]], private: frozenset, n: int) -> dict[s
     held: list[int] = []
     for msg in up:
         if isinstance(msg, protocol.OpenSession):
-            held = list(msg.prompt_ids)
+            held = []  # windows of the output only: the prompt's template is not history
         elif isinstance(msg, protocol.Draft):
             committed, drafts = list(msg.committed_ids), list(msg.draft_ids)
             c_copied = copied(held, committed, private, n)
@@ -105,7 +105,7 @@ def main() -> None:
             rows.append(dict(
                 user=example.user, policy=policy, tokens=len(tokens), wall_s=wall,
                 tokens_per_s=len(tokens) / wall, rouge1=scores.rouge1, rougeL=scores.rougeL,
-                output_copied=copied(list(prompt.public_ids), tokens, private, args.n),
+                output_copied=copied([], tokens, private, args.n),
                 flagged=stats.leak_flagged, redacted=stats.leak_redacted, held=stats.leak_held,
                 acceptance=stats.acceptance_rate, **audit(frames, private, args.n),
             ))

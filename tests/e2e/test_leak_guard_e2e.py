@@ -64,7 +64,7 @@ def _leaks(tiny_model, setup, guard_text, frames) -> int:
     up = [protocol.decode(f, protocol.Limits()) for d, f in frames if d == "up"]
     down = iter(m for m in (protocol.decode(f, protocol.Limits()) for d, f in frames
                             if d == "down") if isinstance(m, protocol.Verdict))
-    held, leaks = list(prompt.public_ids), 0
+    held, leaks = [], 0  # output only, as the guard sees it
     for msg in up:
         if isinstance(msg, protocol.Draft):
             sent = [*msg.committed_ids, *msg.draft_ids]

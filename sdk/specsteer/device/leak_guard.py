@@ -107,7 +107,10 @@ class LeakGuard:
     """The guard of one generation: the private-only n-grams and the public prompt's text.
 
     `scan(context, tokens)`: the first of `tokens` that would disclose private history, given
-    the ids before it (`context`, already public or sent). `blocks(context, token)`: whether
+    the output before them (`context`: ids written after the prompt, already sent). Windows
+    never reach into the prompt: its chat template is not history (a window made of the
+    template's last tokens and the first output token would match the private prompt's
+    rendering of earlier records, not anything the user wrote). `blocks(context, token)`: whether
     one candidate would.
     """
 

@@ -140,7 +140,8 @@ class _Generation:
         left = replace(self.params, max_new_tokens=self.params.max_new_tokens - len(self.out))
         public = [*self.prompt.public_ids, *self.out]
         self.remote = collaborate(
-            self.specialist, self.local, public, left, link, self.stats, self.rng, self.guard
+            self.specialist, self.local, public, left, link, self.stats, self.rng, self.guard,
+            list(self.out),
         )
 
     def _hold(self, reason: str) -> None:
@@ -155,7 +156,7 @@ class _Generation:
         locally, never checked) would send private history the guard is told to keep."""
         if self.guard is None or self.guard.policy == "allow":
             return False
-        if self.guard.scan(self.prompt.public_ids, resent) is None:
+        if self.guard.scan([], resent) is None:
             return False
         self.stats.leak_flagged += 1
         return True

@@ -48,13 +48,14 @@ def collaborate(
     stats: DecodeStats,
     rng: np.random.Generator | None,
     guard: LeakGuard | None = None,
+    written: list[int] | None = None,
 ) -> Iterator[tuple[int, str]]:
     """Open a session over the public prompt and yield (token, provenance) from its rounds.
 
     A generator: nothing is sent before the first token is asked for, so every link failure
     surfaces at a `next()` of the decoding loop, which applies the offline policy. `guard`
-    checks every draft before it leaves (raising `LeakHeld` under "hold"); the per-token
-    baselines are not guarded.
+    checks every draft before it leaves, after the output `written` so far (raising `LeakHeld`
+    under "hold"); the per-token baselines are not guarded.
     """
     mode = MODES.get(params.method, Mode.ROWS)
     s0_here = mode is Mode.SPECSTEER and s0_placed_on_device(params, link.hello_ok)
@@ -65,7 +66,7 @@ def collaborate(
     s0 = Track(specialist, public_ids, len(public_ids) + params.max_new_tokens + 64, lazy=True) \
         if s0_here else None
     yield from SteeredRounds(
-        specialist, local, s0, params, link, stats, rng, mode, guard=guard, public_ids=public_ids
+        specialist, local, s0, params, link, stats, rng, mode, guard=guard, written=written
     ).tokens()
 
 
@@ -89,7 +90,7 @@ class SteeredRounds:
         mode: Mode,
         *,
         guard: LeakGuard | None = None,
-        public_ids: list[int] | None = None,
+        written: list[int] | None = None,
     ) -> None:
         self.local, self.s0, self.params, self.link = local, s0, params, link
         self.stats, self.rng, self.mode = stats, rng, mode
@@ -103,8 +104,9 @@ class SteeredRounds:
         self.ahead: Drafted | None = None  # the bet: next round's draft, made during the wait
         self.ahead_s0: np.ndarray | None = None  # P_S0 rows of [guess, *ahead], same bet
         self.guard = guard
-        # what the companion holds once `committed` is sent (the guard's context)
-        self.text: list[int] = list(public_ids or [])
+        # the output the companion holds once `committed` is sent (the guard's context; the
+        # prompt's template is not history, so windows never reach into it)
+        self.text: list[int] = list(written or [])
         self.withheld: tuple[int, int] | None = None  # (draft index, id) cut off by "redact"
 
     def tokens(self) -> Iterator[tuple[int, str]]:
