@@ -8,6 +8,7 @@ real-model test and bench/leak_guard.py measure that).
 
 from __future__ import annotations
 
+import threading
 import time
 
 import pytest
@@ -125,11 +126,11 @@ def test_a_reconnect_never_resends_private_text_written_offline(tiny_model, setu
     prompt, verifier = setup
     local_text = [e.token for e in decode(tiny_model, prompt, Params(
         method="slm_rag", max_new_tokens=60))]
-    attempts = {"n": 0}
+    attempts, back = {"n": 0}, threading.Event()
 
     def connect() -> CompanionLink:
         attempts["n"] += 1
-        if attempts["n"] == 1:
+        if not back.is_set():
             raise CompanionUnavailable("down for a moment")
         link = CompanionLink(LocalChannel.for_verifier(verifier))
         link.hello(specialist_sha256=tiny_model.sha256)
@@ -144,8 +145,9 @@ def test_a_reconnect_never_resends_private_text_written_offline(tiny_model, setu
                         connect=connect, offline=OfflinePolicy("degrade", first_retry_s=0.0),
                         guard=guard):
         events.append(event)
-        if len(events) == 8:
-            time.sleep(0.5)  # the reconnect probe (started at the first local token) lands
+        if len(events) == 8:  # back after 8 local tokens: give the next probe time to land
+            back.set()
+            time.sleep(0.5)
     provenance = [e.provenance for e in events]
     assert provenance[0] == "local" and attempts["n"] >= 2
     if policy == "allow":
