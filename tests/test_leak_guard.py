@@ -46,6 +46,14 @@ def test_the_token_completing_a_private_window_is_flagged(tok):
     assert guard.allowed(span[:3], [span[3], span[2]]).tolist() == [False, True]
 
 
+def test_a_window_reaching_back_into_a_short_context_is_flagged(tok):
+    guard = _guard(tok, n=6)
+    span = tok.encode(" stays frozen until the board meets")
+    for sent in range(1, 6):  # fewer ids already sent than the window's n - 1
+        flag = guard.scan(span[:sent], span[sent:])
+        assert flag is not None and flag.index == 5 - sent, sent
+
+
 def test_public_text_and_new_text_are_not_flagged(tok):
     guard = _guard(tok)
     assert guard.scan([], tok.encode(" the budget for the next quarter.")) is None

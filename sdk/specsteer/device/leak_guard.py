@@ -148,7 +148,7 @@ class LeakGuard:
     def _ngram(self, context: Sequence[int], tokens: Sequence[int]) -> Flag | None:
         if not self.private:
             return None
-        run = [*context[len(context) - (self.n - 1) :], *tokens] if self.n > 1 else list(tokens)
+        run = [*context[max(0, len(context) - (self.n - 1)) :], *tokens]
         lead = len(run) - len(tokens)
         for j in range(len(tokens)):
             end = lead + j + 1
