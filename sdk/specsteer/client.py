@@ -79,6 +79,12 @@ class GenerationStats:
     cancelled: bool = False  # stopped by the caller's cancel event
     records: tuple[str, ...] = ()
     truncated: tuple[str, ...] = ()
+    # the leak guard (Params.leak_guard): private spans it found in what was about to leave;
+    # drafted tokens it kept back or picks it turned away (redact); tokens decoded on the
+    # device alone because it held
+    leak_flagged: int = 0
+    leak_redacted: int = 0
+    leak_held: int = 0
 
     @property
     def bytes_per_token(self) -> float:
@@ -318,6 +324,8 @@ class Client:
                     prefill_reused=reused, prefill_tokens=to_prefill,
                     warm_tokens=stats.warm_tokens, switch_s=stats.switch_s,
                     records=prompt.records, truncated=prompt.truncated,
+                    leak_flagged=stats.leak_flagged, leak_redacted=stats.leak_redacted,
+                    leak_held=stats.leak_held,
                 ),
             ))
 

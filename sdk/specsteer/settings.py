@@ -14,6 +14,7 @@ from specsteer.steer import SELECTS
 
 _WIRE = SessionSettings()  # the method's defaults, written once (protocol.SessionSettings)
 
+LEAK_GUARDS = ("allow", "redact", "hold")
 METHODS = ("slm", "slm_rag", "llm", "speculative", "light_costeer", "costeer", "specsteer")
 LOCAL_METHODS = ("slm", "slm_rag")
 # "fast" also halves the candidate set: the fused choice ranked within the Generalist's top 32
@@ -57,6 +58,10 @@ class Params:
     # `warm_start_min_s` (`device.warm.estimated_prefill_s`; 0 = whenever anything is left)
     warm_start: bool = True
     warm_start_min_s: float = 0.5
+    # what a draft that copies private history does (device/leak_guard.py): "allow" (send it,
+    # count it), "redact" (cut it, ban the span's next token), "hold" (finish on the device)
+    leak_guard: str = "allow"
+    leak_guard_n: int = 8  # tokens in a private window that the guard flags
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
@@ -69,6 +74,11 @@ class Params:
             raise ValueError("select must be 'generalist' or 'difference'")
         if self.warm_start_min_s < 0:
             raise ValueError("warm_start_min_s must be >= 0")
+        if self.leak_guard not in LEAK_GUARDS:
+            raise ValueError(f"leak_guard must be one of {', '.join(LEAK_GUARDS)}, "
+                             f"not {self.leak_guard!r}")
+        if self.leak_guard_n < 2:
+            raise ValueError("leak_guard_n must be at least 2")
         if self.adaptive_k and not 1 <= self.k <= self.k_max:
             raise ValueError("adaptive_k needs 1 <= k <= k_max")
 

@@ -6,6 +6,7 @@ import time
 
 import pytest
 from dying_channel import DyingChannel
+from privacy_audit import assert_canary_not_sent
 
 from specsteer import protocol
 from specsteer.client import Client
@@ -75,11 +76,7 @@ def test_reconnect_resumes_collaboration_in_the_same_generation(tiny_model, tiny
     assert result.stats.bytes_up == sum(len(f) for d, f in frames if d == "up")
     # the privacy canary holds across the reconnect too
     assert CANARY in result.prompt.with_context
-    assert all(CANARY.encode() not in f for _, f in frames)
-    canary_ids = tiny_model.tokenizer.encode(CANARY)
-    for msg in opens:
-        ids = list(msg.prompt_ids)
-        assert all(ids[i : i + len(canary_ids)] != canary_ids for i in range(len(ids)))
+    assert_canary_not_sent(tiny_model.tokenizer, frames, CANARY)
 
 
 def test_wait_policy_blocks_until_the_companion_is_back(tiny_model, tiny_generalist, store):

@@ -1,10 +1,16 @@
-"""SpecSteer on the real same-tokenizer pair: Qwen2.5-Coder 0.5B (device) → 1.5B (companion)."""
+"""SpecSteer on the real same-tokenizer pair: Qwen2.5-Coder 0.5B (device) → 1.5B (companion).
+
+A privacy test: it never skips in CI (CI=true makes a missing model a failure), and its sender
+comes from the shared newsgroups data when present, else from the repository's slice of it.
+"""
 
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
+from privacy_audit import assert_canary_not_sent, skip_or_fail
 
 from specsteer.client import Client
 from specsteer.history import HistoryStore, load_shared_user
@@ -16,6 +22,7 @@ from specsteer_lab.eval.data import EvalError, shared_file
 
 pytestmark = pytest.mark.real_model
 CANARY = "XKQ-CANARY-0917-bittern"
+REPO_SLICE = Path(__file__).resolve().parents[1] / "lab" / "data" / "newsgroups_slice.json"
 
 
 def _compiled(name: str):
@@ -23,7 +30,7 @@ def _compiled(name: str):
     from specsteer.models.fetch import fetch
 
     if os.environ.get("SPECSTEER_SKIP_REAL"):
-        pytest.skip("SPECSTEER_SKIP_REAL is set")
+        skip_or_fail("SPECSTEER_SKIP_REAL is set")
     fetch(name)
     return load_model(compile_model(name, "int8"))
 
@@ -37,8 +44,8 @@ def pair():
 def sender():
     try:
         data = shared_file("email")
-    except EvalError as exc:
-        pytest.skip(str(exc))
+    except EvalError:
+        data = REPO_SLICE
     user = load_shared_user(data, 1)
     store = HistoryStore(memory=True)
     store.add_many(user.records)
@@ -64,7 +71,7 @@ def test_real_pair_networked_equals_in_process_and_keeps_the_canary(pair, sender
         user.query, task=user.task, max_new_tokens=24, gamma=0.1, offline="fail", pipeline=False
     )
     assert CANARY in expected.prompt.with_context
-    assert all(CANARY.encode() not in f for _, f in frames)
+    assert_canary_not_sent(specialist.tokenizer, frames, CANARY)
     assert expected.stats.bytes_up == sum(len(f) for d, f in frames if d == "up")
     assert expected.stats.drafted > 0 and 0 < expected.stats.acceptance_rate <= 1
     assert expected.text.strip()

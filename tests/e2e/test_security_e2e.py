@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 
 import pytest
+from privacy_audit import assert_canary_not_sent
 
 from specsteer import protocol
 from specsteer.client import Client
@@ -78,13 +79,7 @@ def test_canary_over_tls(tiny_model, tiny_generalist, store, tmp_path):
         )
         result = client.generate("Team offsite", max_new_tokens=24, offline="fail")
         assert CANARY in result.prompt.with_context
-        assert frames and all(CANARY.encode() not in f for _, f in frames)
-        prompt_ids = [protocol.decode(f, protocol.Limits()) for d, f in frames if d == "up"]
-        canary_ids = tiny_model.tokenizer.encode(CANARY)
-        for msg in prompt_ids:
-            if isinstance(msg, protocol.OpenSession):
-                ids = list(msg.prompt_ids)
-                assert all(ids[i : i + len(canary_ids)] != canary_ids for i in range(len(ids)))
+        assert_canary_not_sent(tiny_model.tokenizer, frames, CANARY)
         # a client that does not trust the certificate cannot connect
         untrusting = Client(
             tiny_model, history=store, companion=url, ssl_context=client_ssl_context()

@@ -41,6 +41,11 @@ class DecodeStats:
     warm_tokens: int = 0  # Generalist tokens written during a warm start, before the switch
     switch_s: float | None = None  # seconds from the start until Draft-Verify-Recover took over
     accept_lengths: list[int] = field(default_factory=list)
+    # the leak guard (device/leak_guard.py): spans it flagged; drafted tokens it cut from drafts
+    # or picks it turned away ("redact"); tokens decoded on the device alone because it held
+    leak_flagged: int = 0
+    leak_redacted: int = 0
+    leak_held: int = 0
 
     @property
     def acceptance_rate(self) -> float:

@@ -19,6 +19,7 @@ import numpy as np
 from specsteer import steer
 from specsteer.device.drafting import choose
 from specsteer.device.events import DecodeStats, DevicePrompt, TokenEvent
+from specsteer.device.leak_guard import LeakGuard, LeakHeld
 from specsteer.device.offline import LINK_ERRORS, ModeChange, OfflinePolicy, Reconnector
 from specsteer.device.rounds import MODES, collaborate
 from specsteer.device.warm import BackgroundPrefill, estimated_prefill_s
@@ -42,6 +43,7 @@ def decode(
     cancel: threading.Event | None = None,
     local: Track | None = None,
     switch_after: int | None = None,
+    guard: LeakGuard | None = None,
 ) -> Iterator[TokenEvent]:
     """Yield generated tokens for `prompt` with `params.method`; stops at end-of-text.
 
@@ -64,9 +66,13 @@ def decode(
     re-opens the session on the public prompt plus those tokens, exactly as after a reconnect.
     `switch_after` pins that switch at a token count instead (tests and benchmarks: it waits
     for the prefill there), so where it happens never depends on timing.
+
+    `guard` checks what leaves (`params.leak_guard`); by default it is built from the prompt's
+    two views. Pass one built over more private text (e.g. the whole history) to guard that too.
     """
     generation = _Generation(
-        specialist, prompt, params, stats, connect, offline, on_mode, cancel, local, switch_after
+        specialist, prompt, params, stats, connect, offline, on_mode, cancel, local, switch_after,
+        guard,
     )
     yield from generation.run(link)
 
@@ -86,6 +92,7 @@ class _Generation:
         cancel: threading.Event | None = None,
         local: Track | None = None,
         switch_after: int | None = None,
+        guard: LeakGuard | None = None,
     ) -> None:
         self.specialist, self.prompt, self.params = specialist, prompt, params
         self.cancel = cancel if cancel is not None else threading.Event()
@@ -107,6 +114,11 @@ class _Generation:
         self.owns_local = local is None
         self.local = local if local is not None else \
             Track(specialist, self.prompt_ids, room, lazy=True)
+        self.guard = guard if guard is not None or not params.collaborative else LeakGuard(
+            specialist.tokenizer, prompt.private_ids, prompt.public_ids,
+            policy=params.leak_guard, n=params.leak_guard_n,
+        )
+        self.held = False  # the leak guard stopped collaboration for the rest of the generation
 
     def run(self, link: CompanionLink | None) -> Iterator[TokenEvent]:
         try:
@@ -147,19 +159,28 @@ class _Generation:
                     token, provenance = next(self.remote)
                 except StopIteration:
                     return
+                except LeakHeld as held:
+                    self._hold(str(held))
+                    continue
                 except LINK_ERRORS as exc:
                     self._drop_remote()
                     self._end_warm_start()
                     self.local.resync([*self.prompt_ids, *self.out])
                     self._lost(exc)
                     continue
-            elif params.collaborative and (back := self.links.poll()) is not None:
+            elif params.collaborative and not self.held \
+                    and (back := self.links.poll()) is not None:
+                if self._discloses(self.out):
+                    back.close()
+                    self._hold("leak guard: the local text holds private history")
+                    continue
                 self._go_remote(back)
                 stats.reconnects += 1
                 self._announce("collaborative", "companion is back")
                 continue
             else:
                 token, provenance = self._local_token(), "local"
+                self.stats.leak_held += self.held
             yield self._emit(token, provenance)
             if token in self.eos:
                 return
@@ -182,8 +203,26 @@ class _Generation:
         )
         public = [*self.prompt.public_ids, *self.out]
         self.remote = collaborate(
-            self.specialist, self.local, public, left, link, self.stats, self.rng
+            self.specialist, self.local, public, left, link, self.stats, self.rng, self.guard,
+            list(self.out),
         )
+
+    def _hold(self, reason: str) -> None:
+        """The leak guard held: finish on the device alone; nothing more is sent."""
+        self._drop_remote()
+        self.local.resync([*self.prompt_ids, *self.out])
+        self.held = True
+        self._announce("local", reason)
+
+    def _discloses(self, resent: list[int]) -> bool:
+        """Whether re-opening a session on the public prompt plus `resent` (tokens decoded
+        locally, never checked) would send private history the guard is told to keep."""
+        if self.guard is None or self.guard.policy == "allow":
+            return False
+        if self.guard.scan([], resent) is None:
+            return False
+        self.stats.leak_flagged += 1
+        return True
 
     def _warm_start_wanted(self, link: CompanionLink | None) -> bool:
         params = self.params

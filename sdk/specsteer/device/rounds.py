@@ -20,6 +20,7 @@ import numpy as np
 from specsteer import steer
 from specsteer.device.drafting import Drafted, budget, draft
 from specsteer.device.events import DecodeStats
+from specsteer.device.leak_guard import LeakGuard, LeakHeld, best_allowed
 from specsteer.draft_length import DraftLength
 from specsteer.link import CompanionLink
 from specsteer.protocol import HelloOk, Mode, Verdict
@@ -46,11 +47,15 @@ def collaborate(
     link: CompanionLink,
     stats: DecodeStats,
     rng: np.random.Generator | None,
+    guard: LeakGuard | None = None,
+    written: list[int] | None = None,
 ) -> Iterator[tuple[int, str]]:
     """Open a session over the public prompt and yield (token, provenance) from its rounds.
 
     A generator: nothing is sent before the first token is asked for, so every link failure
-    surfaces at a `next()` of the decoding loop, which applies the offline policy.
+    surfaces at a `next()` of the decoding loop, which applies the offline policy. `guard`
+    checks every draft before it leaves, after the output `written` so far (raising `LeakHeld`
+    under "hold"); the per-token baselines are not guarded.
     """
     mode = MODES.get(params.method, Mode.ROWS)
     s0_here = mode is Mode.SPECSTEER and s0_placed_on_device(params, link.hello_ok)
@@ -60,7 +65,9 @@ def collaborate(
         return
     s0 = Track(specialist, public_ids, len(public_ids) + params.max_new_tokens + 64, lazy=True) \
         if s0_here else None
-    yield from SteeredRounds(specialist, local, s0, params, link, stats, rng, mode).tokens()
+    yield from SteeredRounds(
+        specialist, local, s0, params, link, stats, rng, mode, guard=guard, written=written
+    ).tokens()
 
 
 class SteeredRounds:
@@ -81,6 +88,9 @@ class SteeredRounds:
         stats: DecodeStats,
         rng: np.random.Generator | None,
         mode: Mode,
+        *,
+        guard: LeakGuard | None = None,
+        written: list[int] | None = None,
     ) -> None:
         self.local, self.s0, self.params, self.link = local, s0, params, link
         self.stats, self.rng, self.mode = stats, rng, mode
@@ -93,6 +103,11 @@ class SteeredRounds:
         self.produced = 0
         self.ahead: Drafted | None = None  # the bet: next round's draft, made during the wait
         self.ahead_s0: np.ndarray | None = None  # P_S0 rows of [guess, *ahead], same bet
+        self.guard = guard
+        # the output the companion holds once `committed` is sent (the guard's context; the
+        # prompt's template is not history, so windows never reach into it)
+        self.text: list[int] = list(written or [])
+        self.withheld: tuple[int, int] | None = None  # (draft index, id) cut off by "redact"
 
     def tokens(self) -> Iterator[tuple[int, str]]:
         try:
@@ -110,6 +125,7 @@ class SteeredRounds:
         stats = self.stats
         t0 = time.perf_counter()
         current = self._next_draft()
+        self._guard(current)
         drafted = current.tokens
         off = len(self.committed)
         s0_base, s0_rows, s0_draft = self._s0_of_draft(drafted)
@@ -126,7 +142,11 @@ class SteeredRounds:
         if n == len(drafted) and drafted and drafted[-1] in self.eos:  # its end-of-text stands
             return [(t, "draft") for t in drafted], True
         s0_row = None if s0_rows is None else s0_rows[off + n]
-        token = self._recover(verdict, current.rows[n], s0_row, self._banned_at(self.produced + n))
+        # the token cut off by "redact" may not come back at its own position
+        withheld = self.withheld[1] if self.withheld and self.withheld[0] == n else None
+        self.withheld = None
+        token = self._recover(verdict, current.rows[n], s0_row, [*self.text, *drafted[:n]],
+                              withheld, self._banned_at(self.produced + n))
         bet_won = None if self.ahead is None else n == len(drafted) and token == guess
         if self.sizer is not None and self.mode is Mode.SPECSTEER:
             self.k = self.sizer.observe(
@@ -145,6 +165,7 @@ class SteeredRounds:
         emitted = [(t, "draft") for t in drafted[:n]]
         emitted.append((token, "bonus" if n == len(drafted) else "recovered"))
         self.produced += len(emitted)
+        self.text += [t for t, _ in emitted]
         self.committed = [token]
         return emitted, token in self.eos
 
@@ -170,6 +191,36 @@ class SteeredRounds:
             extra = self.s0.extend(current.tokens[cut:])[1:]
             self.ahead_s0 = np.concatenate([self.ahead_s0, extra])
         return current
+
+    def _guard(self, current: Drafted) -> None:
+        """The leak guard's look at what is about to leave: the committed ids and the draft.
+        "redact" cuts the draft before the flagged token; "hold" raises `LeakHeld`."""
+        if self.guard is None:
+            return
+        sent = len(self.text) - len(self.committed)
+        flag = self.guard.scan(self.text[:sent], [*self.committed, *current.tokens])
+        if flag is None:
+            return
+        self.stats.leak_flagged += 1
+        if self.guard.policy == "hold":
+            raise LeakHeld(flag)
+        if self.guard.policy == "redact":
+            cut = max(0, flag.index - len(self.committed))
+            if flag.index >= len(self.committed):
+                self.withheld = (cut, current.tokens[cut])
+            self.stats.leak_redacted += len(current.tokens) - cut
+            self._cut(current, cut)
+
+    def _cut(self, current: Drafted, cut: int) -> None:
+        """Shorten the draft to its first `cut` tokens; both tracks forget the rest."""
+        dropped = len(current.tokens) - cut
+        del current.tokens[cut:], current.rows[cut + 1 :]
+        self.local.keep(current.base + cut, current.rows[cut])
+        if self.ahead_s0 is not None:  # the won bet's P_S0 rows went past the cut as well
+            assert self.s0 is not None
+            off = len(self.committed)
+            self.s0.keep(self.s0.length - dropped, self.ahead_s0[off + cut])
+            self.ahead_s0 = self.ahead_s0[: off + cut + 1]
 
     def _s0_of_draft(
         self, drafted: list[int]
@@ -217,13 +268,22 @@ class SteeredRounds:
         return self.eos if position < self.params.min_new_tokens else frozenset()
 
     def _recover(
-        self, verdict: Verdict, sc_row: np.ndarray, s0_row: np.ndarray | None,
-        banned: frozenset[int],
+        self,
+        verdict: Verdict,
+        sc_row: np.ndarray,
+        s0_row: np.ndarray | None,
+        context: list[int],
+        withheld: int | None = None,
+        banned: frozenset[int] = frozenset(),
     ) -> int:
         """The token after the accepted drafts: the companion's correction (speculative), or
-        the fused pick over its candidates with the private term added here. Ids in `banned`
-        are never picked (end-of-text before the minimum length): if the companion offered
-        nothing else, the Specialist's own choice stands in."""
+        the fused pick over its candidates with the private term added here.
+
+        Ids in `banned` are never picked (end-of-text before the minimum length): if the
+        companion offered nothing else, the Specialist's own choice stands in. Under "redact"
+        a pick that is the token just cut from the draft (`withheld`: the flagged span's first
+        token) or would complete a flagged span is turned away: the best other candidate, or
+        (none left) the Specialist's best token that discloses nothing."""
         params = self.params
         if self.mode is Mode.SPECULATIVE:
             token = int(verdict.ids[0])
@@ -240,7 +300,20 @@ class SteeredRounds:
         scores = steer.fuse(
             candidates, steer.log_softmax(sc_row, params.temperature), params.alpha, logp_s0
         )
-        return steer.pick(candidates.ids, scores, params.temperature, self.rng)
+        token = steer.pick(candidates.ids, scores, params.temperature, self.rng)
+        guard = self.guard
+        if guard is None or guard.policy != "redact":
+            return token
+        if token != withheld:
+            if not guard.blocks(context, token):
+                return token
+            self.stats.leak_flagged += 1  # a new span, begun by the pick itself
+            self.stats.leak_redacted += 1
+        allowed = guard.allowed(context, candidates.ids) & (candidates.ids != withheld)
+        if not allowed.any():
+            return best_allowed(guard, context, sc_row, withheld)
+        return steer.pick(candidates.ids, np.where(allowed, scores, -np.inf), params.temperature,
+                          self.rng)
 
 
 def row_tokens(

@@ -1,0 +1,185 @@
+"""The leak guard: finds verbatim private history in what is about to leave the device.
+
+A draft is the Specialist's continuation of the *private* prompt, so it can copy the user's
+history word for word; every drafted id goes to the companion. Before a draft leaves, the
+guard scans the ids the companion would hold (the text so far plus the draft) for two kinds
+of disclosure and names the first token to withhold:
+
+* **private n-grams**: a window of `n` consecutive token ids that occurs in the private prompt
+  (history records) and not in the public prompt; the token completing the window is flagged,
+  so at most `n - 1` consecutive tokens of a private span can go up.
+* **patterns**: an e-mail address (its local part and "@" suffice), a phone number, an
+  IBAN- or card-like digit run, or a URL whose host is private (localhost, private IP ranges,
+  .local/.lan/.internal/.corp/.home/.intranet), drafted and not in the public prompt's text;
+  the first draft token overlapping the match is flagged.
+
+The policy (`Params.leak_guard`, applied in `device.rounds` and `device.loop`): "allow" counts
+flagged spans and sends them; "redact" cuts the draft before the flagged token and, in the fused
+pick at that position, bans the token it cut off and every candidate that would complete a
+flagged span; "hold" stops collaborating at
+the flagged token and finishes the generation on the device alone, so neither the span nor
+anything after it is sent. docs/companion-security.md ("Drafts and the leak guard") has the
+threat model.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from specsteer.settings import LEAK_GUARDS
+from specsteer.tokenizer import Tokenizer
+
+PATTERN_CONTEXT_TOKENS = 48  # ids before the draft re-decoded to find patterns across rounds
+
+_PRIVATE_SUFFIXES = (".local", ".lan", ".internal", ".corp", ".home", ".intranet", ".localdomain")
+PATTERNS: dict[str, re.Pattern[str]] = {
+    # the local part and "@" already identify a mailbox: flag before the domain is drafted
+    "email": re.compile(r"[A-Za-z0-9._%+-]+@(?:[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*)?"),
+    "phone": re.compile(r"(?<![\w-])\+?\(?\d{2,4}\)?(?:[ .-]?\d{2,4}){2,5}(?![\w-])"),
+    "iban": re.compile(r"\b[A-Z]{2}\d{2}(?: ?[A-Z0-9]{4}){2,7}(?: ?[A-Z0-9]{1,4})?\b"),
+    "card": re.compile(r"(?<!\d)\d(?:[ -]?\d){11,18}(?!\d)"),
+    "url": re.compile(r"\b(?:https?|ftp)://([A-Za-z0-9.-]+|\[[0-9a-fA-F:]+\])"),
+}
+_DATE = re.compile(r"\d{4}[-./]\d{1,2}[-./]\d{1,2}|\d{1,2}[-./]\d{1,2}[-./]\d{4}")
+
+
+class LeakHeld(Exception):
+    """Raised by a round under the "hold" policy: stop collaborating, finish on the device."""
+
+    def __init__(self, flag: Flag) -> None:
+        super().__init__(f"leak guard held a {flag.kind} span")
+        self.flag = flag
+
+
+def ngrams(ids: Sequence[int], n: int) -> set[tuple[int, ...]]:
+    """Every window of `n` consecutive ids."""
+    return {tuple(ids[i : i + n]) for i in range(len(ids) - n + 1)}
+
+
+def private_ngrams(
+    private_ids: Sequence[int], public_ids: Sequence[int], n: int
+) -> frozenset[tuple[int, ...]]:
+    """Windows of the private prompt that the public prompt does not contain."""
+    return frozenset(ngrams(private_ids, n) - ngrams(public_ids, n))
+
+
+def private_host(host: str) -> bool:
+    """Whether a URL host names a machine of a private network."""
+    host = host.strip("[]").lower().rstrip(".")
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return host == "localhost" or host.endswith(_PRIVATE_SUFFIXES)
+    return address.is_private or address.is_loopback or address.is_link_local
+
+
+def pattern_matches(text: str, public_text: str = "") -> list[tuple[int, int, str]]:
+    """(start, end, kind) of every pattern match in `text` that is not in `public_text`;
+    URLs only when their host is private."""
+    found = []
+    for kind, pattern in PATTERNS.items():
+        for match in pattern.finditer(text):
+            if kind == "url" and not private_host(match.group(1)):
+                continue
+            if kind == "phone" and (sum(c.isdigit() for c in match.group()) < 7
+                                    or _DATE.fullmatch(match.group())):
+                continue
+            if match.group() in public_text:
+                continue
+            found.append((match.start(), match.end(), kind))
+    return sorted(found)
+
+
+@dataclass(frozen=True)
+class Flag:
+    """The first token of a scanned run to withhold, and why ("ngram" or a pattern name)."""
+
+    index: int
+    kind: str
+
+
+class LeakGuard:
+    """The guard of one generation: the private-only n-grams and the public prompt's text.
+
+    `scan(context, tokens)`: the first of `tokens` that would disclose private history, given
+    the output before them (`context`: ids written after the prompt, already sent). Windows
+    never reach into the prompt: its chat template is not history (a window made of the
+    template's last tokens and the first output token would match the private prompt's
+    rendering of earlier records, not anything the user wrote). `blocks(context, token)`: whether
+    one candidate would.
+    """
+
+    def __init__(
+        self,
+        tokenizer: Tokenizer,
+        private_ids: Sequence[int],
+        public_ids: Sequence[int],
+        *,
+        policy: str = "allow",
+        n: int = 8,
+        patterns: bool = True,
+    ) -> None:
+        if policy not in LEAK_GUARDS or n < 2:
+            raise ValueError(f"policy must be one of {', '.join(LEAK_GUARDS)} and n >= 2")
+        self.tokenizer, self.policy, self.n = tokenizer, policy, n
+        self.private = private_ngrams(private_ids, public_ids, n)
+        self.patterns = patterns
+        self.public_text = tokenizer.decode(public_ids)
+
+    def scan(self, context: Sequence[int], tokens: Sequence[int]) -> Flag | None:
+        """The first token of `tokens` to withhold (None: nothing private in them)."""
+        if not tokens:
+            return None
+        flags = [f for f in (self._ngram(context, tokens), self._pattern(context, tokens)) if f]
+        return min(flags, key=lambda f: f.index) if flags else None
+
+    def blocks(self, context: Sequence[int], token: int) -> bool:
+        return self.scan(context, [token]) is not None
+
+    def allowed(self, context: Sequence[int], ids: Iterable[int]) -> np.ndarray:
+        """Mask over `ids`: True where the candidate discloses nothing."""
+        return np.array([not self.blocks(context, int(t)) for t in ids], dtype=bool)
+
+    def _ngram(self, context: Sequence[int], tokens: Sequence[int]) -> Flag | None:
+        if not self.private:
+            return None
+        run = [*context[max(0, len(context) - (self.n - 1)) :], *tokens]
+        lead = len(run) - len(tokens)
+        for j in range(len(tokens)):
+            end = lead + j + 1
+            if end >= self.n and tuple(run[end - self.n : end]) in self.private:
+                return Flag(j, "ngram")
+        return None
+
+    def _pattern(self, context: Sequence[int], tokens: Sequence[int]) -> Flag | None:
+        if not self.patterns:
+            return None
+        before = list(context[max(0, len(context) - PATTERN_CONTEXT_TOKENS) :])
+        decode = self.tokenizer.decode
+        head = len(decode(before))
+        text = decode([*before, *tokens])
+        matches = [m for m in pattern_matches(text, self.public_text) if m[1] > head]
+        if not matches:
+            return None
+        start = min(m[0] for m in matches)
+        kind = min(matches)[2]
+        for j in range(len(tokens)):  # the first drafted token whose text reaches the match
+            if len(decode([*before, *tokens[: j + 1]])) > start:
+                return Flag(j, kind)
+        return Flag(len(tokens) - 1, kind)
+
+
+def best_allowed(
+    guard: LeakGuard, context: Sequence[int], row: np.ndarray, withheld: int | None = None
+) -> int:
+    """The Specialist's best token that discloses nothing and is not `withheld` (when every
+    candidate would disclose)."""
+    for token in np.argsort(-row, kind="stable")[:256]:
+        if int(token) != withheld and not guard.blocks(context, int(token)):
+            return int(token)
+    return int(np.argmax(row))

@@ -1,0 +1,90 @@
+"""What the companion could read: uplink frames decoded to id lists, audited for a canary.
+
+A canary leaks if any id list that goes up (prompt, committed, drafted ids) holds one of its
+tokenizations as a contiguous run, or if the bytes those ids spell contain it. Tokenizations:
+the canary alone, after a space, and every run of tokens covering it inside surrounding text
+(a merge at the boundary can change the first and last token), plus the runs strictly inside
+it (what survives any boundary merge).
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from specsteer import protocol
+from specsteer.tokenizer import Tokenizer
+from specsteer_companion.cross import alignment as al
+
+IN_CI = os.environ.get("CI", "").lower() == "true"
+_BEFORE = ["", " ", "\n", "x", "Dear team, ", "(", ".", ": ", "\n\n", "-", "'"]
+_AFTER = ["", ".", " ", "\n", ",", "x", ")", "!", " and"]
+
+
+def skip_or_fail(reason: str) -> None:
+    """Privacy tests never skip silently in CI: a missing model or data set fails there."""
+    if IN_CI:
+        pytest.fail(f"CI=true: a privacy test cannot skip ({reason})")
+    pytest.skip(reason)
+
+
+def canary_tokenizations(
+    tok: Tokenizer, canary: str, *, inner_min: int = 3
+) -> set[tuple[int, ...]]:
+    """Every token run that can spell `canary` (or its inside) in context."""
+    table = al.token_table(tok)
+    runs = {tuple(tok.encode(canary)), tuple(tok.encode(" " + canary))}
+    for before in _BEFORE:
+        for after in _AFTER:
+            ids = tok.encode(before + canary + after)
+            ends = al.ends_of(table, ids).tolist()
+            start, stop = len(before.encode()), len((before + canary).encode())
+            starts = [0, *ends[:-1]]
+            covering = [i for i, (s, e) in enumerate(zip(starts, ends, strict=True))
+                        if e > start and s < stop]
+            runs.add(tuple(ids[covering[0] : covering[-1] + 1]))
+            inside = [i for i in covering if starts[i] >= start and ends[i] <= stop]
+            if len(inside) >= inner_min:
+                runs.add(tuple(ids[inside[0] : inside[-1] + 1]))
+    return runs
+
+
+def uplink(frames: list[tuple[str, bytes]]) -> list[protocol.Message]:
+    """The device's messages, decoded."""
+    return [protocol.decode(f, protocol.Limits()) for d, f in frames if d == "up"]
+
+
+def uplink_id_lists(frames: list[tuple[str, bytes]]) -> list[list[int]]:
+    """Every id list that went up, and the stream of committed + drafted ids joined (a span
+    can straddle two messages)."""
+    lists, stream = [], []
+    for msg in uplink(frames):
+        if isinstance(msg, protocol.OpenSession):
+            lists.append(list(msg.prompt_ids))
+        elif isinstance(msg, protocol.Draft):
+            lists += [list(msg.committed_ids), list(msg.draft_ids)]
+            stream += [*msg.committed_ids, *msg.draft_ids]
+        elif isinstance(msg, protocol.RowRequest):
+            lists.append(list(msg.committed_ids))
+            stream += list(msg.committed_ids)
+    return [*lists, stream]
+
+
+def contains(haystack: list[int], needle: tuple[int, ...] | list[int]) -> bool:
+    n = len(needle)
+    return n > 0 and any(tuple(haystack[i : i + n]) == tuple(needle)
+                         for i in range(len(haystack) - n + 1))
+
+
+def assert_canary_not_sent(tok: Tokenizer, frames: list[tuple[str, bytes]], canary: str) -> None:
+    """No uplink id list holds a tokenization of `canary`, and no bytes they spell (what a
+    companion with another tokenizer aligns them to) contain it; nor does any raw frame."""
+    assert any(d == "up" for d, _ in frames), "no frame went up"
+    assert all(canary.encode() not in f for _, f in frames)
+    runs = canary_tokenizations(tok, canary)
+    table = al.token_table(tok)
+    for ids in uplink_id_lists(frames):
+        leaked = [run for run in runs if contains(ids, run)]
+        assert not leaked, f"canary tokenization {leaked[0]} went up"
+        assert canary.encode() not in table.bytes_of(ids), "the ids sent up spell the canary"

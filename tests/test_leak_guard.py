@@ -1,0 +1,125 @@
+"""The leak guard's detector: private n-grams and patterns, on the tiny tokenizer."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from specsteer.device import Params
+from specsteer.device.leak_guard import (
+    LeakGuard,
+    best_allowed,
+    ngrams,
+    pattern_matches,
+    private_host,
+    private_ngrams,
+)
+
+PUBLIC = "Write an email about: the budget for the next quarter."
+PRIVATE = ("Earlier emails: the quarterly budget stays frozen until the board meets in March. "
+           + PUBLIC)
+
+
+@pytest.fixture(scope="module")
+def tok(tiny_model):
+    return tiny_model.tokenizer
+
+
+def _guard(tok, n=4, policy="redact", public=PUBLIC, private=PRIVATE) -> LeakGuard:
+    return LeakGuard(tok, tok.encode(private), tok.encode(public), policy=policy, n=n)
+
+
+def test_private_ngrams_leave_out_what_the_public_prompt_holds():
+    assert ngrams([1, 2, 3, 4], 3) == {(1, 2, 3), (2, 3, 4)}
+    assert private_ngrams([9, 1, 2, 3, 4], [1, 2, 3, 4], 3) == {(9, 1, 2)}
+
+
+def test_the_token_completing_a_private_window_is_flagged(tok):
+    guard = _guard(tok)
+    span = tok.encode(" stays frozen until the board meets")
+    flag = guard.scan([], span)
+    assert flag is not None and flag.kind == "ngram" and flag.index == 3  # n - 1 tokens pass
+    # with the start of the window already sent, the very first drafted token completes it
+    flag = guard.scan(span[:3], span[3:])
+    assert flag is not None and flag.index == 0
+    assert guard.blocks(span[:3], span[3]) and not guard.blocks(span[:2], span[2])
+    assert guard.allowed(span[:3], [span[3], span[2]]).tolist() == [False, True]
+
+
+def test_a_window_reaching_back_into_a_short_context_is_flagged(tok):
+    guard = _guard(tok, n=6)
+    span = tok.encode(" stays frozen until the board meets")
+    for sent in range(1, 6):  # fewer ids already sent than the window's n - 1
+        flag = guard.scan(span[:sent], span[sent:])
+        assert flag is not None and flag.index == 5 - sent, sent
+
+
+def test_public_text_and_new_text_are_not_flagged(tok):
+    guard = _guard(tok)
+    assert guard.scan([], tok.encode(" the budget for the next quarter.")) is None
+    assert guard.scan([], tok.encode(" I think we should keep the numbers")) is None
+
+
+@pytest.mark.parametrize("text,kind", [
+    ("please write to ann.lee@", "email"),
+    ("mail ann.lee@mail.example.com today", "email"),
+    ("call me on +44 20 7946 0958 tonight", "phone"),
+    ("call 555-123-4567", "phone"),
+    ("card 4111 1111 1111 1111 expires", "card"),
+    ("IBAN DE89 3704 0044 0532 0130 00 please", "iban"),
+    ("see http://wiki.corp/budget", "url"),
+    ("see https://192.168.1.10/budget", "url"),
+    ("see http://localhost:8080/x", "url"),
+])
+def test_patterns_flag_personal_data(tok, text, kind):
+    assert kind in {m[2] for m in pattern_matches(text)}
+    guard = _guard(tok, n=8)
+    ids = tok.encode(text)
+    flag = guard.scan([], ids)
+    assert flag is not None
+    start = min(m[0] for m in pattern_matches(text))
+    # the first token withheld is the one whose text reaches the match: nothing of it goes up
+    assert len(tok.decode(ids[: flag.index])) <= start < len(tok.decode(ids[: flag.index + 1]))
+
+
+@pytest.mark.parametrize("text", [
+    "the meeting is on 2024-01-15 at noon", "see https://example.com/budget", "it costs 1234",
+    "we met at 10:30 in room 42",
+])
+def test_patterns_leave_ordinary_text_alone(tok, text):
+    assert _guard(tok, n=8).scan([], tok.encode(text)) is None
+
+
+def test_a_pattern_already_in_the_public_prompt_is_not_flagged(tok):
+    public = "Reply to ann.lee@mail.example.com about the budget."
+    guard = _guard(tok, n=8, public=public, private="x " + public)
+    assert guard.scan([], tok.encode(" ann.lee@mail.example.com")) is None
+
+
+def test_a_pattern_across_rounds_is_caught_when_it_completes(tok):
+    guard = _guard(tok, n=8)
+    sent = tok.encode("write to ann.lee")
+    flag = guard.scan(sent, tok.encode("@mail.example.com"))
+    assert flag is not None and flag.index == 0 and flag.kind == "email"
+
+
+def test_private_hosts():
+    assert private_host("10.1.2.3") and private_host("[::1]") and private_host("wiki.internal")
+    assert not private_host("example.com") and not private_host("8.8.8.8")
+
+
+def test_best_allowed_skips_what_would_disclose(tok):
+    guard = _guard(tok)
+    span = tok.encode(" stays frozen until the board meets")
+    row = np.zeros(tok.vocab_size, np.float32)
+    row[span[3]], row[7] = 5.0, 4.0
+    assert best_allowed(guard, span[:3], row) == 7
+
+
+def test_settings_are_checked(tok):
+    with pytest.raises(ValueError, match="leak_guard"):
+        Params(leak_guard="block")
+    with pytest.raises(ValueError, match="leak_guard_n"):
+        Params(leak_guard_n=1)
+    with pytest.raises(ValueError, match="policy"):
+        _guard(tok, policy="block")
