@@ -32,7 +32,7 @@ N = 4
 def setup(tiny_model, tiny_generalist):
     history = HistoryStore(memory=True)
     history.add(kind="email", title=SUBJECT, body="Dear team, the budget stays as it is.")
-    _, prompt = Client(tiny_model, history=history).prepare(SUBJECT)
+    _, prompt = Client(tiny_model, history=history).render(SUBJECT)
     return prompt, Verifier(tiny_generalist, tiny_model)
 
 
