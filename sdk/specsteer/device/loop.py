@@ -19,6 +19,7 @@ from specsteer.device.drafting import choose
 from specsteer.device.events import DecodeStats, DevicePrompt, TokenEvent
 from specsteer.device.offline import LINK_ERRORS, ModeChange, OfflinePolicy, Reconnector
 from specsteer.device.rounds import collaborate
+from specsteer.errors import CompanionTimedOut, CompanionUnavailable
 from specsteer.link import CompanionLink
 from specsteer.runtime.base import LanguageModel
 from specsteer.runtime.track import Track
@@ -39,10 +40,14 @@ def decode(
     """Yield generated tokens for `prompt` with `params.method`; stops at end-of-text.
 
     `link` is an open companion link, or None with `connect` a factory of new ones (it raises
-    on failure). When the companion is unreachable or fails, `offline` decides: with "degrade"
-    the tokens come from the local Specialist (provenance "local"), `stats.degraded` is set, and
-    `connect` is retried with backoff; a reconnect re-opens the session on the public prompt
-    plus everything committed so far and collaboration resumes in the same generation.
+    on failure). A link that drops mid-generation is first replaced at once by a fresh one from
+    `connect` (the same or another companion), on which a `Resume` rebuilds the session from
+    the public prompt, the tokens committed so far, the settings and the round counter; the
+    greedy output is the uninterrupted one and `stats.resyncs` counts it. When that fails too,
+    or the companion is unreachable or refuses, `offline` decides: with "degrade" the tokens
+    come from the local Specialist (provenance "local"), `stats.degraded` is set, and `connect`
+    is retried with backoff; a reconnect resumes the session the same way and collaboration
+    goes on in the same generation.
     """
     generation = _Generation(specialist, prompt, params, stats, connect, offline, on_mode)
     yield from generation.run(link)
@@ -71,6 +76,9 @@ class _Generation:
         self.out: list[int] = []
         self.remote: Iterator[tuple[int, str]] | None = None
         self.open_links: list[CompanionLink] = []
+        self.next_round = 0  # protocol number of the next Draft: a Resume carries it on
+        self.may_resync = True  # one immediate resync per drop, again once a token came through
+        self.resyncing = False  # the current link is a resync that has not yielded a token yet
         self.started = time.perf_counter()
         # the SLM baseline reads the public prompt; every other method the private one
         self.prompt_ids = list(prompt.private_ids if params.method != "slm" else prompt.public_ids)
@@ -97,8 +105,13 @@ class _Generation:
                     except LINK_ERRORS as exc:
                         self._drop_remote()
                         self.local.resync([*self.prompt_ids, *self.out])
-                        self._lost(exc)
+                        if not self._resync(exc):
+                            self._lost(exc)
                         continue
+                    self.may_resync = True
+                    if self.resyncing:
+                        self.resyncing = False
+                        stats.resyncs += 1
                 elif params.collaborative and (back := self.links.poll()) is not None:
                     self._go_remote(back)
                     stats.reconnects += 1
@@ -115,13 +128,32 @@ class _Generation:
             self.local.close()
 
     def _go_remote(self, link: CompanionLink) -> None:
-        """Collaborate over `link` from here: the public prompt plus every token so far."""
+        """Collaborate over `link` from here: the public prompt plus every token so far (a
+        `Resume` once there are any)."""
         self.open_links.append(link)
         left = replace(self.params, max_new_tokens=self.params.max_new_tokens - len(self.out))
-        public = [*self.prompt.public_ids, *self.out]
         self.remote = collaborate(
-            self.specialist, self.local, public, left, link, self.stats, self.rng
+            self.specialist, self.local, list(self.prompt.public_ids), list(self.out), left, link,
+            self.stats, self.rng, self.next_round,
         )
+
+    def _resync(self, exc: Exception) -> bool:
+        """The link dropped: rebuild the session on a fresh connection now, before any local
+        token. False when that is not possible: not a dropped link (the companion refused,
+        broke the protocol or stalled: a stall already cost a timeout, so the offline policy's
+        background probes take over), no connection, or the last resync dropped again before
+        it yielded a token."""
+        dropped = isinstance(exc, CompanionUnavailable) and not isinstance(exc, CompanionTimedOut)
+        if not (dropped and self.may_resync):
+            return False
+        self.may_resync = False
+        try:
+            link = self.links.connect()
+        except LINK_ERRORS:
+            return False
+        self._go_remote(link)
+        self.resyncing = True
+        return True
 
     def _lost(self, exc: Exception) -> None:
         """The companion failed: raise, wait for it, or go local, as the policy says."""
@@ -136,6 +168,9 @@ class _Generation:
         self._announce("local", str(exc))
 
     def _drop_remote(self) -> None:
+        if self.open_links:
+            self.next_round = self.open_links[-1].conn.round
+        self.resyncing = False
         if self.remote is not None:
             self.remote.close()  # type: ignore[attr-defined]
             self.remote = None
