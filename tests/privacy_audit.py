@@ -65,6 +65,9 @@ def uplink_id_lists(frames: list[tuple[str, bytes]]) -> list[list[int]]:
         elif isinstance(msg, protocol.Draft):
             lists += [list(msg.committed_ids), list(msg.draft_ids)]
             stream += [*msg.committed_ids, *msg.draft_ids]
+        elif isinstance(msg, protocol.Resume):  # a resync carries the text committed so far
+            lists += [list(msg.prompt_ids), list(msg.committed_ids)]
+            stream += list(msg.committed_ids)
         elif isinstance(msg, protocol.RowRequest):
             lists.append(list(msg.committed_ids))
             stream += list(msg.committed_ids)

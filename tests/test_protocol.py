@@ -38,6 +38,8 @@ from specsteer.protocol import (
     Message,
     Mode,
     OpenSession,
+    Resume,
+    ResumeRequested,
     RowReceived,
     RowReply,
     RowRequest,
@@ -136,6 +138,21 @@ def test_other_messages_bytes() -> None:
     )
 
 
+def test_resume_bytes() -> None:
+    # settings as in OpenSession, then the round, the prompt ids and the committed ids
+    settings = SessionSettings(Mode.SPECSTEER, 0.5, 1.0, 64, 0.0, 42, "generalist", False)
+    frame = encode(Resume((1, 2), (300,), settings, round=130))
+    assert frame == (
+        b"\x01\x0b\x00\x00\x00"
+        + struct.pack("<fffHQf", 0.5, 1.0, 0.0, 64, 42, 1.0)
+        + b"\x82\x01"  # round 130
+        + b"\x02\x01\x02"  # prompt
+        + b"\x01\xac\x02"  # committed: 300
+    )
+    assert decode(frame, Limits()) == Resume((1, 2), (300,), settings, 130)
+    assert Resume((1, 2), (300,)).held_ids == (1, 2, 300)
+
+
 def test_float_fields_hold_wire_precision() -> None:
     # What a dataclass shows is what the peer will see: f32 settings, f16 values.
     wire_gamma = struct.unpack("<f", struct.pack("<f", 0.1))[0]
@@ -186,6 +203,7 @@ def test_decode_rejects(frame: bytes, code: ErrorCode) -> None:
         Hello(G_SHA, S_SHA, "token", "client"),
         HelloOk("1.0", G_SHA, S_SHA, VOCAB, 16, 8192, 65536, 1024),
         OpenSession((1, 2, 3), SessionSettings(gamma=0.25, seed=2**63)),
+        Resume((1, 2, 3), (4, 5), SessionSettings(top_k=8), 2**31),
         SessionOpened(2**40, 3),
         Draft(5, (7,), (1, 2), logp_s0=(-1.0, -2.0)),
         Verdict(5, 2, (1, 50, 70_000), (-1.0, -2.0, -3.0)),
@@ -437,6 +455,47 @@ def test_reopening_a_session_resets_rounds() -> None:
     assert device.send_draft((3,)) == 0
     [event] = transfer(device, companion)
     assert event.draft.round == 0
+
+
+def test_resume_rebuilds_a_session_that_continues_the_round_count() -> None:
+    settings = SessionSettings(gamma=0.25, top_k=8)
+    # a fresh connection after a drop: the public prompt, the committed tokens, round 5
+    device, companion = DeviceConnection(), CompanionConnection()
+    device.hello(G_SHA)
+    transfer(device, companion)
+    companion.accept_hello(companion_version="0.1", generalist_sha256=G_SHA,
+                           specialist_sha256="", vocab_size=VOCAB)
+    transfer(companion, device)
+    device.resume_session((10, 11, 12), (40, 41), settings, 5)
+    [event] = transfer(device, companion)
+    assert event == ResumeRequested(Resume((10, 11, 12), (40, 41), settings, 5))
+    companion.session_opened(9)
+    assert transfer(companion, device) == [SessionReady(9, 5)]  # prompt and committed held
+    assert device.send_draft((1, 2)) == 5
+    [event] = transfer(device, companion)
+    assert event.draft.round == 5
+    companion.send_verdict(1, (3,), (0.0,))
+    [event] = transfer(companion, device)
+    assert event.verdict.round == 5 and device.round == companion.round == 6
+
+
+def test_resume_is_checked_like_an_open() -> None:
+    device = DeviceConnection()
+    assert_code(ErrorCode.OUT_OF_ORDER, device.resume_session, (1,), (2,), SessionSettings())
+    device, companion = handshake()
+    device.send_draft((1,))
+    assert_code(ErrorCode.OUT_OF_ORDER, device.resume_session, (1,), (), SessionSettings())
+    transfer(device, companion)
+    companion.send_verdict(0, (2,), (0.0,))
+    transfer(companion, device)
+    assert_code(ErrorCode.BAD_TOKEN, device.resume_session, (1,), (VOCAB,), SessionSettings())
+    too_many = (1,) * (device.peer_limits.max_prompt_tokens + 1)
+    assert_code(ErrorCode.LIMIT_EXCEEDED, device.resume_session, (1,), too_many,
+                SessionSettings())
+    # a SessionOpened that does not count the committed tokens is refused
+    device.resume_session((1, 2), (3,), SessionSettings())
+    transfer(device, companion)
+    assert_code(ErrorCode.BAD_VALUE, device.receive_frame, encode(SessionOpened(1, 2)))
 
 
 # Device-side checks
@@ -703,6 +762,13 @@ messages_st = st.one_of(
             st.sampled_from(SELECTS),
             st.booleans(),
         ),
+    ),
+    st.builds(
+        Resume,
+        ids_st,
+        ids_st,
+        st.builds(SessionSettings, st.sampled_from(Mode), f32_pos, top_k=st.integers(1, 0xFFFF)),
+        st.integers(0, 2**32 - 1),
     ),
     st.builds(SessionOpened, st.integers(0, 2**64 - 1), st.integers(0, 2**32 - 1)),
     draft_st(),

@@ -12,6 +12,7 @@ from typing import Annotated
 import typer
 
 from specsteer.errors import SpecSteerError
+from specsteer_companion.cli_ray import ray_app
 from specsteer_companion.cli_tokens import cert_app, default_store_path, tokens_app
 from specsteer_companion.limits import (
     DEFAULT_BURST,
@@ -31,6 +32,7 @@ app = typer.Typer(
 )
 app.add_typer(tokens_app, name="tokens")
 app.add_typer(cert_app, name="cert")
+app.add_typer(ray_app, name="ray")
 
 
 @app.command()

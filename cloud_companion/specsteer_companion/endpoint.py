@@ -22,6 +22,7 @@ from specsteer.protocol import (
     ErrorCode,
     HelloReceived,
     Limits,
+    ResumeRequested,
     RowRequested,
     SessionRequested,
 )
@@ -57,6 +58,7 @@ class CompanionEndpoint:
         self.session: VerifierSession | CrossVerifierSession | None = None
         self.on_session = on_session  # (identity, opening) -> allowed; for session quotas
         self.rounds = 0
+        self.resumes = 0  # sessions rebuilt here from a device's public state (Resume)
         self.compute_s = 0.0
 
     @property
@@ -95,7 +97,7 @@ class CompanionEndpoint:
     def _dispatch(self, event: object) -> None:
         if isinstance(event, HelloReceived):
             self._hello(event.hello)
-        elif isinstance(event, SessionRequested):
+        elif isinstance(event, SessionRequested | ResumeRequested):
             self._open(event.request)
         elif isinstance(event, DraftReceived):
             assert self.session is not None
@@ -152,7 +154,8 @@ class CompanionEndpoint:
             and s.tokenizer.vocab_hash != g.tokenizer.vocab_hash else g.vocab_size,
         )
 
-    def _open(self, request: protocol.OpenSession) -> None:
+    def _open(self, request: protocol.OpenSession | protocol.Resume) -> None:
+        """Open a session, or rebuild one (Resume: prompt and committed tokens, one pass)."""
         self._end_session()
         if not request.prompt_ids:  # the verifier needs a position to predict from
             self.conn.fail(ErrorCode.BAD_VALUE, "the prompt is empty")
@@ -160,8 +163,13 @@ class CompanionEndpoint:
         if self.on_session is not None and not self.on_session(self.identity or "", True):
             self.conn.fail(ErrorCode.SESSION_LIMIT, "too many open sessions")
             return
+        resumed = isinstance(request, protocol.Resume)
         try:
-            self.session = self.verifier.open(request)
+            if resumed:
+                opened = protocol.OpenSession(request.prompt_ids, request.settings)
+                self.session = self.verifier.open(opened, request.committed_ids)
+            else:
+                self.session = self.verifier.open(request)
         except Exception as exc:
             # The quota slot taken above is held by no session: give it back on *any* failure,
             # or a few unservable OpenSessions would lock the identity (or everyone) out.
@@ -174,7 +182,12 @@ class CompanionEndpoint:
             else:
                 raise
             return
-        self.conn.session_opened(next(_session_ids), len(request.prompt_ids))
+        if resumed:
+            self.resumes += 1
+            log.info("%s: resumed a session at round %d over %d prompt + %d committed tokens",
+                     self.identity, request.round, len(request.prompt_ids),
+                     len(request.committed_ids))
+        self.conn.session_opened(next(_session_ids))
 
     def _end_session(self) -> None:
         if self.session is not None:

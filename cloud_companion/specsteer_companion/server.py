@@ -99,14 +99,16 @@ def _descriptor_limit() -> int | None:
     return None if soft == resource.RLIM_INFINITY else soft
 
 
-def _prompt_tokens(frame: bytes, limits: Limits) -> int:
-    """Prompt length of an OpenSession frame, 0 for any other (or malformed) frame."""
-    if len(frame) < 2 or frame[1] != MessageType.OPEN_SESSION:
+def prompt_tokens(frame: bytes, limits: Limits) -> int:
+    """Tokens an OpenSession or Resume frame asks to prefill, 0 for any other (or malformed)."""
+    if len(frame) < 2 or frame[1] not in (MessageType.OPEN_SESSION, MessageType.RESUME):
         return 0
     try:
         message = protocol.decode(frame, limits)
     except ProtocolError:
         return 0  # the endpoint will refuse it with the right code
+    if isinstance(message, protocol.Resume):
+        return len(message.held_ids)
     return len(message.prompt_ids) if isinstance(message, protocol.OpenSession) else 0
 
 
@@ -262,8 +264,8 @@ class CompanionServer:
         if not bucket.try_acquire():
             return endpoint.fail(ErrorCode.RATE_LIMITED, "too many requests")
         identity = endpoint.identity
-        prompt_tokens = _prompt_tokens(frame, self.limits) if identity is not None else 0
-        if prompt_tokens and (why := self._prefill_refusal(identity or "", prompt_tokens)):
+        prefill = prompt_tokens(frame, self.limits) if identity is not None else 0
+        if prefill and (why := self._prefill_refusal(identity or "", prefill)):
             return endpoint.fail(ErrorCode.RATE_LIMITED, why)
         conn.busy = True
         try:

@@ -30,22 +30,30 @@ class Verifier:
     specialist: LanguageModel | None = None
     max_session_tokens: int = 4096
 
-    def open(self, request: OpenSession) -> VerifierSession | CrossVerifierSession:
-        """A session on the token path, or on the text path when the tokenizers differ."""
+    def open(
+        self, request: OpenSession, committed: Sequence[int] = ()
+    ) -> VerifierSession | CrossVerifierSession:
+        """A session on the token path, or on the text path when the tokenizers differ.
+
+        `committed`: tokens the device generated before this session (a `Resume`): the
+        session holds prompt and committed tokens as if it had verified them itself.
+        """
         s = self.specialist
         if s is not None and s.tokenizer.vocab_hash != self.generalist.tokenizer.vocab_hash:
-            return CrossVerifierSession(self, request)
-        return VerifierSession(self, request)
+            return CrossVerifierSession(self, request, committed=committed)
+        return VerifierSession(self, request, committed)
 
 
 class VerifierSession:
     """One device's generation on the companion (the two models share a tokenizer)."""
 
-    def __init__(self, verifier: Verifier, request: OpenSession) -> None:
+    def __init__(
+        self, verifier: Verifier, request: OpenSession, committed: Sequence[int] = ()
+    ) -> None:
         self.request = request
         self.settings = settings = request.settings
         self.mode = Mode(settings.mode)
-        prompt = list(request.prompt_ids)
+        prompt = [*request.prompt_ids, *committed]  # one prefill pass for both
         self.temperature = settings.temperature if settings.temperature > 0 else 1.0
         limit = verifier.max_session_tokens
         if settings.companion_s0 and verifier.specialist is None:

@@ -70,6 +70,7 @@ class GenerationStats:
     degraded: bool
     offline_reason: str | None = None  # why generation went local, when it did
     reconnects: int = 0  # times collaboration resumed after the companion came back
+    resyncs: int = 0  # dropped links replaced at once by a session resumed on a fresh one
     pipelined: int = 0  # rounds drafted while the previous round was being verified
     prefill_reused: int = 0  # private prompt tokens whose KV state a `prepare` or an earlier
     #                          generation had already computed (exact rewind)
@@ -122,7 +123,10 @@ class Client:
     specialist: a loaded model, a registry name or a compiled folder (the same artifact the
         companion hosts as its generic Specialist).
     history: a HistoryStore or the path of its SQLite file (None: no private context).
-    companion: a ws:// / wss:// URL, a factory of FrameChannels (in-process companions), or None
+    companion: a ws:// / wss:// URL, a list of them (companions serving the same models: each
+        new connection starts at the URL after the one the last connection used and skips those
+        that cannot be reached, so generations spread over the list and a dropped link resumes
+        on another companion first), a factory of FrameChannels (in-process companions), or None
         for local-only generation.
     allow_insecure: send `token` over plain ws:// to a host other than this machine. Refused by
         default (`CompanionConfigError`): anyone on the path could read the token and the
@@ -137,7 +141,7 @@ class Client:
         specialist: LanguageModel | str | Path,
         *,
         history: HistoryStore | str | Path | None = None,
-        companion: str | ChannelFactory | None = None,
+        companion: str | Sequence[str] | ChannelFactory | None = None,
         token: str = "",
         generalist_sha256: str = "",
         ssl_context: ssl.SSLContext | None = None,
@@ -149,12 +153,21 @@ class Client:
         threads: int | None = None,
         allow_insecure: bool = False,
     ) -> None:
-        if isinstance(companion, str) and token:
-            _check_token_transport(companion, allow_insecure)
+        if isinstance(companion, str):
+            companion = (companion,)
+        elif companion is not None and not callable(companion):
+            companion = tuple(companion)
+            if not companion or not all(isinstance(url, str) for url in companion):
+                raise CompanionConfigError("companion must be a URL, a non-empty list of URLs, "
+                                           "a channel factory or None")
+        if isinstance(companion, tuple) and token:
+            for url in companion:
+                _check_token_transport(url, allow_insecure)
         self.specialist = specialist if not isinstance(specialist, str | Path) \
             else load_model(specialist, threads=threads)
         self.history = HistoryStore(history) if isinstance(history, str | Path) else history
-        self.companion = companion
+        self.companion: tuple[str, ...] | ChannelFactory | None = companion
+        self._next_url = 0  # where the next connection starts in a list of URLs
         self.token = token
         self.generalist_sha256 = generalist_sha256
         self.ssl_context = ssl_context
@@ -203,13 +216,25 @@ class Client:
     def _connect(self, stats: LinkStats | None = None) -> CompanionLink | None:
         if self.companion is None:
             return None
-        if isinstance(self.companion, str):
-            from specsteer.transport import WebSocketChannel
+        if not isinstance(self.companion, tuple):
+            return self._handshake(self.companion(), stats)
+        from specsteer.transport import WebSocketChannel
 
-            channel: FrameChannel = WebSocketChannel(
-                self.companion, ssl_context=self.ssl_context, open_timeout=self.connect_timeout_s)
-        else:
-            channel = self.companion()
+        urls, failures = self.companion, []
+        for step in range(len(urls)):
+            at = (self._next_url + step) % len(urls)
+            try:
+                channel = WebSocketChannel(urls[at], ssl_context=self.ssl_context,
+                                           open_timeout=self.connect_timeout_s)
+                link = self._handshake(channel, stats)
+            except CompanionUnavailable as exc:  # unreachable: try the next one
+                failures.append(str(exc))
+                continue
+            self._next_url = (at + 1) % len(urls)
+            return link
+        raise CompanionUnavailable("; ".join(failures))
+
+    def _handshake(self, channel: FrameChannel, stats: LinkStats | None) -> CompanionLink:
         link = CompanionLink(channel, timeout=self.timeout_s, tap=self.tap, stats=stats)
         try:
             link.hello(generalist_sha256=self.generalist_sha256,
@@ -320,6 +345,7 @@ class Client:
                     wait_s=link_stats.wait_s, bytes_up=link_stats.bytes_up,
                     bytes_down=link_stats.bytes_down, degraded=stats.degraded,
                     offline_reason=stats.offline_reason, reconnects=stats.reconnects,
+                    resyncs=stats.resyncs,
                     pipelined=stats.pipelined, cancelled=stats.cancelled,
                     prefill_reused=reused, prefill_tokens=to_prefill,
                     warm_tokens=stats.warm_tokens, switch_s=stats.switch_s,

@@ -70,6 +70,11 @@ class CompanionUnavailable(SpecSteerError):
     """The companion could not be reached, timed out, or dropped the connection."""
 
 
+class CompanionTimedOut(CompanionUnavailable):
+    """The companion is connected but did not answer in time (stalled or overloaded): unlike a
+    dropped link, a fresh connection is not tried at once (see `device.loop`)."""
+
+
 class HistoryLocked(HistoryError):
     """Another connection kept the history file locked for longer than the busy timeout."""
 

@@ -149,6 +149,20 @@ class CompanionLink:
         assert isinstance(event, SessionReady)
         return event.prompt_length
 
+    def resume(
+        self,
+        prompt_ids: Sequence[int],
+        committed_ids: Sequence[int],
+        settings: SessionSettings,
+        round_: int = 0,
+    ) -> int:
+        """Rebuild a session from public state (prompt, committed tokens, settings, the next
+        round's number); returns the tokens the companion now holds."""
+        self.conn.resume_session(list(prompt_ids), list(committed_ids), settings, round_)
+        event = self._await(SessionReady)
+        assert isinstance(event, SessionReady)
+        return event.prompt_length
+
     def verify(
         self,
         draft: Sequence[int],

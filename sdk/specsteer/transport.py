@@ -12,7 +12,7 @@ import ssl
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
 from websockets.sync.client import ClientConnection, connect
 
-from specsteer.errors import CompanionUnavailable, ProtocolError
+from specsteer.errors import CompanionTimedOut, CompanionUnavailable, ProtocolError
 from specsteer.protocol import ErrorCode
 
 # A verdict is a few hundred bytes; allow the largest row reply and a long prompt with margin.
@@ -52,7 +52,7 @@ class WebSocketChannel:
         try:
             data = self._ws.recv(timeout=timeout)
         except TimeoutError as exc:
-            raise CompanionUnavailable(
+            raise CompanionTimedOut(
                 f"no answer from the companion at {self.url} within {timeout:.1f} s"
             ) from exc
         except (ConnectionClosed, OSError) as exc:

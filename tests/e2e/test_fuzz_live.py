@@ -148,7 +148,7 @@ class Fuzzer:
             lambda: ("mutated", _mutate(rng, valid_frame), any_code),
             lambda: (
                 "unknown type",
-                bytes((1, rng.choice([0, 11, 99, 255]))) + valid_frame[2:],
+                bytes((1, rng.choice([0, 12, 99, 255]))) + valid_frame[2:],
                 frozenset({ErrorCode.UNKNOWN_TYPE}),
             ),
             lambda: (

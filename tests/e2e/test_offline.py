@@ -65,18 +65,27 @@ def test_reconnect_resumes_collaboration_in_the_same_generation(tiny_model, tiny
     assert prov[0] != "local" and "local" in prov
     first_local = prov.index("local")
     assert any(p != "local" for p in prov[first_local:]), "collaboration never resumed"
-    assert result.stats.degraded and result.stats.reconnects == 1
+    # the immediate resync found the companion down (one refused connection), so it went local
+    assert result.stats.degraded and result.stats.reconnects == 1 and result.stats.resyncs == 0
     assert [c.mode for c in changes] == ["local", "collaborative"]
-    # the new session starts from the public prompt plus everything committed so far
-    opens = [protocol.decode(f, protocol.Limits()) for d, f in frames if d == "up"]
-    opens = [m for m in opens if isinstance(m, protocol.OpenSession)]
-    assert len(opens) == 2
+    # the new session is a Resume: the public prompt, everything committed so far, and the
+    # round counter of the dropped session
+    sent = [protocol.decode(f, protocol.Limits()) for d, f in frames if d == "up"]
+    opens = [m for m in sent if isinstance(m, protocol.OpenSession | protocol.Resume)]
+    assert [type(m) for m in opens] == [protocol.OpenSession, protocol.Resume]
     resumed_at = changes[1].tokens
-    assert list(opens[1].prompt_ids) == [*opens[0].prompt_ids, *result.tokens[:resumed_at]]
+    assert opens[1].prompt_ids == opens[0].prompt_ids
+    assert list(opens[1].committed_ids) == result.tokens[:resumed_at]
+    # the draft lost with the link (the tap saw it go) keeps its number on the new session
+    first_after = sent.index(opens[1]) + 1
+    before = [m.round for m in sent[:first_after] if isinstance(m, protocol.Draft)]
+    assert opens[1].round == before[-1] > 0
+    assert isinstance(sent[first_after], protocol.Draft)
+    assert sent[first_after].round == opens[1].round
     assert result.stats.bytes_up == sum(len(f) for d, f in frames if d == "up")
     # the privacy canary holds across the reconnect too
     assert CANARY in result.prompt.with_context
-    assert_canary_not_sent(tiny_model.tokenizer, frames, CANARY)
+    assert_canary_not_sent(tiny_model.tokenizer, frames, CANARY)  # Resume frames included
 
 
 def test_wait_policy_blocks_until_the_companion_is_back(tiny_model, tiny_generalist, store):

@@ -171,13 +171,17 @@ def test_unreachable_companion_degrades_to_local(tiny_model, store):
 
 
 def test_companion_dying_mid_generation_completes_locally(tiny_model, verifier, store):
-    client = Client(
-        tiny_model,
-        history=store,
-        companion=lambda: DyingChannel(CompanionEndpoint(verifier), frames=5),
-    )
+    connections = []
+
+    def dies_then_gone() -> DyingChannel:
+        connections.append(1)
+        if len(connections) > 1:  # the immediate resync and every later probe are refused
+            raise CompanionUnavailable("connection refused")
+        return DyingChannel(CompanionEndpoint(verifier), frames=5)
+
+    client = Client(tiny_model, history=store, companion=dies_then_gone)
     result = client.generate(SUBJECT, max_new_tokens=40, k=2)
-    assert result.stats.degraded
+    assert result.stats.degraded and result.stats.resyncs == 0 and len(connections) >= 2
     assert result.provenance[0] != "local" and result.provenance[-1] == "local"
     # the local continuation is exactly what the Specialist would write after that prefix
     session = tiny_model.new_session()

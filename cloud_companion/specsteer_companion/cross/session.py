@@ -198,7 +198,8 @@ class CrossVerifierSession:
     Specialist image may be too short (`_look_ahead`); 0 keeps the one-step mapping.
     """
 
-    def __init__(self, verifier: HostedModels, request: OpenSession, *, tail: str = "marginal",
+    def __init__(self, verifier: HostedModels, request: OpenSession, *,
+                 committed: Sequence[int] = (), tail: str = "marginal",
                  recovery: str = "token", heal: bool = True, in_context: bool = True,
                  lookahead: int = 0, merge_cap: int = 256) -> None:
         if tail not in TAILS or recovery not in RECOVERIES:
@@ -220,12 +221,14 @@ class CrossVerifierSession:
         prompt = list(request.prompt_ids)
         g_prompt = generalist_prompt(self.pair.s, g_model.tokenizer, prompt)
         self.g = _GTrack(g_model, g_prompt, verifier.max_session_tokens, self._logp, self.stats)
-        self.s0 = Track(s_model, prompt, verifier.max_session_tokens) \
+        held = [*prompt, *committed]  # a resumed session: the committed text follows at once
+        self.s0 = Track(s_model, held, verifier.max_session_tokens) \
             if settings.companion_s0 else None
-        self.length = len(prompt)  # Specialist tokens held by the S0 cache
+        self.length = len(held)  # Specialist tokens held by the S0 cache
         self.text = bytearray()  # generated text, as committed by the device
         self.s_ends: list[int] = []  # byte end of every generated Specialist token
         self.last_spans: list[SpanCheck] = []  # the span tests of the last round (diagnostics)
+        self._append(committed)  # the Generalist reads it with the next round's text
 
     def _logp(self, rows: np.ndarray) -> np.ndarray:
         return steer.log_softmax(rows, self.temperature)

@@ -36,6 +36,7 @@ class DecodeStats:
     degraded: bool = False
     offline_reason: str | None = None
     reconnects: int = 0  # times collaboration resumed after going local
+    resyncs: int = 0  # dropped links replaced at once by a resumed session (no local token)
     pipelined: int = 0  # rounds whose draft was made while the previous one was verified
     cancelled: bool = False  # the caller's cancel event stopped the generation
     warm_tokens: int = 0  # Generalist tokens written during a warm start, before the switch

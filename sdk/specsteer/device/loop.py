@@ -23,7 +23,7 @@ from specsteer.device.leak_guard import LeakGuard, LeakHeld
 from specsteer.device.offline import LINK_ERRORS, ModeChange, OfflinePolicy, Reconnector
 from specsteer.device.rounds import MODES, collaborate
 from specsteer.device.warm import BackgroundPrefill, estimated_prefill_s
-from specsteer.errors import GenerationCancelled
+from specsteer.errors import CompanionTimedOut, CompanionUnavailable, GenerationCancelled
 from specsteer.link import CompanionLink
 from specsteer.runtime.base import LanguageModel
 from specsteer.runtime.track import Track
@@ -105,6 +105,9 @@ class _Generation:
         self.out: list[int] = []
         self.remote: Iterator[tuple[int, str]] | None = None
         self.open_links: list[CompanionLink] = []
+        self.next_round = 0  # protocol number of the next Draft: a Resume carries it on
+        self.may_resync = True  # one immediate resync per drop, again once a token came through
+        self.resyncing = False  # the current link is a resync that has not yielded a token yet
         self.started = time.perf_counter()
         # the SLM baseline reads the public prompt; every other method the private one
         self.prompt_ids = list(prompt.private_ids if params.method != "slm" else prompt.public_ids)
@@ -166,8 +169,13 @@ class _Generation:
                     self._drop_remote()
                     self._end_warm_start()
                     self.local.resync([*self.prompt_ids, *self.out])
-                    self._lost(exc)
+                    if not self._resync(exc):
+                        self._lost(exc)
                     continue
+                self.may_resync = True
+                if self.resyncing:
+                    self.resyncing = False
+                    stats.resyncs += 1
             elif params.collaborative and not self.held \
                     and (back := self.links.poll()) is not None:
                 if self._discloses(self.out):
@@ -201,11 +209,31 @@ class _Generation:
             max_new_tokens=self.params.max_new_tokens - done,
             min_new_tokens=max(0, self.params.min_new_tokens - done),
         )
-        public = [*self.prompt.public_ids, *self.out]
         self.remote = collaborate(
-            self.specialist, self.local, public, left, link, self.stats, self.rng, self.guard,
-            list(self.out),
+            self.specialist, self.local, list(self.prompt.public_ids), list(self.out), left, link,
+            self.stats, self.rng, self.guard, self.next_round,
         )
+
+    def _resync(self, exc: Exception) -> bool:
+        """The link dropped: rebuild the session on a fresh connection now, before any local
+        token. False when that is not possible: not a dropped link (the companion refused,
+        broke the protocol or stalled: a stall already cost a timeout, so the offline policy's
+        background probes take over), no connection, or the last resync dropped again before
+        it yielded a token."""
+        dropped = isinstance(exc, CompanionUnavailable) and not isinstance(exc, CompanionTimedOut)
+        if not (dropped and self.may_resync) or self.held:
+            return False
+        self.may_resync = False
+        try:
+            link = self.links.connect()
+        except LINK_ERRORS:
+            return False
+        if self._discloses(self.out):
+            link.close()
+            return False
+        self._go_remote(link)
+        self.resyncing = True
+        return True
 
     def _hold(self, reason: str) -> None:
         """The leak guard held: finish on the device alone; nothing more is sent."""
@@ -253,6 +281,7 @@ class _Generation:
         self.stats.device_s += time.perf_counter() - t0
         assert self.remote is not None  # going local ends the warm start first
         self.remote.close()  # type: ignore[attr-defined]
+        self.next_round = self.open_links[-1].conn.round
         self._collaborate(self.open_links[-1])
         self.stats.warm_tokens = len(self.out)
         self.stats.switch_s = time.perf_counter() - self.started
@@ -270,6 +299,9 @@ class _Generation:
         self._announce("local", str(exc))
 
     def _drop_remote(self) -> None:
+        if self.open_links:
+            self.next_round = self.open_links[-1].conn.round
+        self.resyncing = False
         if self.remote is not None:
             self.remote.close()  # type: ignore[attr-defined]
             self.remote = None

@@ -42,31 +42,39 @@ def s0_placed_on_device(params: Params, hello_ok: HelloOk | None) -> bool:
 def collaborate(
     specialist: LanguageModel,
     local: Track,
-    public_ids: list[int],
+    public_prompt: list[int],
+    committed: list[int],
     params: Params,
     link: CompanionLink,
     stats: DecodeStats,
     rng: np.random.Generator | None,
     guard: LeakGuard | None = None,
-    written: list[int] | None = None,
+    round_: int = 0,
 ) -> Iterator[tuple[int, str]]:
     """Open a session over the public prompt and yield (token, provenance) from its rounds.
 
+    With tokens already `committed` (a reconnect mid-generation) the session is rebuilt with a
+    `Resume` carrying them and the number of the next round, `round_`.
     A generator: nothing is sent before the first token is asked for, so every link failure
     surfaces at a `next()` of the decoding loop, which applies the offline policy. `guard`
-    checks every draft before it leaves, after the output `written` so far (raising `LeakHeld`
-    under "hold"); the per-token baselines are not guarded.
+    checks every draft before it leaves, after the output `committed` so far (raising
+    `LeakHeld` under "hold"); the per-token baselines are not guarded.
     """
     mode = MODES.get(params.method, Mode.ROWS)
     s0_here = mode is Mode.SPECSTEER and s0_placed_on_device(params, link.hello_ok)
-    link.open(public_ids, params.session_settings(mode, s0_here))
+    settings = params.session_settings(mode, s0_here)
+    if committed or round_:
+        link.resume(public_prompt, committed, settings, round_)
+    else:
+        link.open(public_prompt, settings)
+    public_ids = [*public_prompt, *committed]
     if mode is Mode.ROWS:
         yield from row_tokens(local, params, link, stats, rng, specialist.tokenizer.eos_ids)
         return
     s0 = Track(specialist, public_ids, len(public_ids) + params.max_new_tokens + 64, lazy=True) \
         if s0_here else None
     yield from SteeredRounds(
-        specialist, local, s0, params, link, stats, rng, mode, guard=guard, written=written
+        specialist, local, s0, params, link, stats, rng, mode, guard=guard, written=committed
     ).tokens()
 
 

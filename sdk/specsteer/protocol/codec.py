@@ -31,6 +31,7 @@ from specsteer.protocol.messages import (
     Message,
     MessageType,
     OpenSession,
+    Resume,
     RowReply,
     RowRequest,
     SessionOpened,
@@ -93,8 +94,7 @@ def _encode_hello_ok(out: bytearray, m: HelloOk) -> None:
         _put_varint(out, number)
 
 
-def _encode_open_session(out: bytearray, m: OpenSession) -> None:
-    s = m.settings
+def _put_settings(out: bytearray, s: SessionSettings) -> None:
     out += struct.pack(
         "<BBBfffHQf",
         s.mode,
@@ -107,7 +107,18 @@ def _encode_open_session(out: bytearray, m: OpenSession) -> None:
         s.seed,
         s.top_p,
     )
+
+
+def _encode_open_session(out: bytearray, m: OpenSession) -> None:
+    _put_settings(out, m.settings)
     _put_ids(out, m.prompt_ids)
+
+
+def _encode_resume(out: bytearray, m: Resume) -> None:
+    _put_settings(out, m.settings)
+    _put_varint(out, m.round)
+    _put_ids(out, m.prompt_ids)
+    _put_ids(out, m.committed_ids)
 
 
 def _encode_session_opened(out: bytearray, m: SessionOpened) -> None:
@@ -163,6 +174,7 @@ _ENCODERS: dict[type, tuple[MessageType, Callable[[bytearray, Any], None]]] = {
     RowReply: (MessageType.ROW_REPLY, _encode_row_reply),
     Close: (MessageType.CLOSE, _encode_close),
     Error: (MessageType.ERROR, _encode_error),
+    Resume: (MessageType.RESUME, _encode_resume),
 }
 
 
@@ -292,7 +304,7 @@ def _decode_hello_ok(r: _Reader) -> HelloOk:
     return HelloOk(*texts, *numbers)
 
 
-def _decode_open_session(r: _Reader) -> OpenSession:
+def _read_settings(r: _Reader) -> SessionSettings:
     mode, select = r.fixed("<BB", "mode")
     s0_on_device = r.flag("s0_on_device")
     gamma, alpha, temperature, top_k, seed, top_p = r.fixed("<fffHQf", "settings")
@@ -300,13 +312,25 @@ def _decode_open_session(r: _Reader) -> OpenSession:
         raise ProtocolError(
             ErrorCode.LIMIT_EXCEEDED, f"top_k={top_k} exceeds the limit of {r._limits.max_top_k}"
         )
-    prompt = r.ids(r.count("prompt ids", r._limits.max_prompt_tokens), "prompt ids")
     if select >= len(SELECTS):
         raise ProtocolError(ErrorCode.BAD_VALUE, f"unknown select code {select}")
-    settings = SessionSettings(
+    return SessionSettings(
         mode, gamma, alpha, top_k, temperature, seed, SELECTS[select], s0_on_device, top_p
     )
+
+
+def _decode_open_session(r: _Reader) -> OpenSession:
+    settings = _read_settings(r)
+    prompt = r.ids(r.count("prompt ids", r._limits.max_prompt_tokens), "prompt ids")
     return OpenSession(prompt, settings)
+
+
+def _decode_resume(r: _Reader) -> Resume:
+    settings = _read_settings(r)
+    round_ = r.varint("round")
+    prompt = r.ids(r.count("prompt ids", r._limits.max_prompt_tokens), "prompt ids")
+    committed = r.ids(r.count("committed ids", r._limits.max_prompt_tokens), "committed ids")
+    return Resume(prompt, committed, settings, round_)
 
 
 def _decode_session_opened(r: _Reader) -> SessionOpened:
@@ -365,6 +389,7 @@ _DECODERS: dict[int, Callable[[_Reader], Message]] = {
     MessageType.ROW_REPLY: _decode_row_reply,
     MessageType.CLOSE: _decode_close,
     MessageType.ERROR: _decode_error,
+    MessageType.RESUME: _decode_resume,
 }
 
 

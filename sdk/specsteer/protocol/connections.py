@@ -24,6 +24,7 @@ from specsteer.protocol.events import (
     Event,
     HelloAccepted,
     HelloReceived,
+    ResumeRequested,
     RowReceived,
     RowRequested,
     SessionReady,
@@ -41,6 +42,7 @@ from specsteer.protocol.messages import (
     Message,
     Mode,
     OpenSession,
+    Resume,
     RowReply,
     RowRequest,
     SessionOpened,
@@ -62,7 +64,7 @@ class State(enum.Enum):
     CLOSED = "closed"  # Close or Error sent or received: nothing more is accepted
 
 
-def _check_candidate_count(n: int, what: str, session: OpenSession) -> None:
+def _check_candidate_count(n: int, what: str, session: OpenSession | Resume) -> None:
     """A reply must give the device something to choose from, and no more than it asked."""
     settings = session.settings
     if settings.mode is Mode.SPECULATIVE:
@@ -75,13 +77,22 @@ def _check_candidate_count(n: int, what: str, session: OpenSession) -> None:
         )
 
 
+def _held(session: OpenSession | Resume) -> int:
+    """Tokens an opened session holds: its prompt (and, resumed, the committed tokens)."""
+    return len(session.held_ids if isinstance(session, Resume) else session.prompt_ids)
+
+
+def _first_round(session: OpenSession | Resume) -> int:
+    return session.round if isinstance(session, Resume) else 0
+
+
 class _Connection:
     """What both sides share: state, outgoing queue, byte accounting, decoding limits."""
 
     def __init__(self, limits: Limits | None = None) -> None:
         self.limits: Limits = limits if limits is not None else Limits()
         self.state: State = State.START
-        self.session: OpenSession | None = None
+        self.session: OpenSession | Resume | None = None
         self.bytes_sent = 0
         self.bytes_received = 0
         self.frames_sent = 0
@@ -221,6 +232,35 @@ class DeviceConnection(_Connection):
         self.state = State.OPENING
         return request
 
+    def resume_session(
+        self,
+        prompt_ids: Sequence[int],
+        committed_ids: Sequence[int],
+        settings: SessionSettings,
+        round_: int = 0,
+    ) -> Resume:
+        """Queue a Resume: rebuild a session (on a fresh connection, usually another companion)
+        from the public prompt, the tokens committed so far and the settings; the next Draft
+        carries number `round_`. An open session (with nothing outstanding) is replaced."""
+        self._require(State.READY, State.SESSION, action="resume a session")
+        peer = self.peer_limits
+        request = Resume(
+            self._check_ids("prompt ids", prompt_ids, peer.max_prompt_tokens),
+            self._check_ids("committed ids", committed_ids, peer.max_prompt_tokens),
+            settings,
+            round_,
+        )
+        if settings.top_k > peer.max_top_k:
+            raise ProtocolError(
+                ErrorCode.LIMIT_EXCEEDED,
+                f"top_k={settings.top_k} exceeds the companion's limit of {peer.max_top_k}",
+            )
+        self._send_checked(request, peer)
+        self.session = request
+        self.session_id = None
+        self.state = State.OPENING
+        return request
+
     def send_draft(
         self,
         draft_ids: Sequence[int],
@@ -289,13 +329,13 @@ class DeviceConnection(_Connection):
             return [self._on_hello_ok(message)]
         if isinstance(message, SessionOpened) and self.state is State.OPENING:
             assert self.session is not None
-            if message.prompt_length != len(self.session.prompt_ids):
+            held = _held(self.session)
+            if message.prompt_length != held:
                 raise ProtocolError(
                     ErrorCode.BAD_VALUE,
-                    f"companion holds {message.prompt_length} prompt tokens, "
-                    f"device sent {len(self.session.prompt_ids)}",
+                    f"companion holds {message.prompt_length} prompt tokens, device sent {held}",
                 )
-            self.session_id, self.round = message.session_id, 0
+            self.session_id, self.round = message.session_id, _first_round(self.session)
             self.state = State.SESSION
             return [SessionReady(message.session_id, message.prompt_length)]
         if isinstance(message, Verdict) and self._draft is not None:
@@ -385,10 +425,15 @@ class CompanionConnection(_Connection):
             self.hello = message
             self.state = State.HANDSHAKE
             return [HelloReceived(message)]
-        if isinstance(message, OpenSession) and self.state in (State.READY, State.SESSION):
+        if isinstance(message, OpenSession | Resume) and self.state in (
+            State.READY,
+            State.SESSION,
+        ):
             self.session = message
             self.session_id = None
             self.state = State.OPENING
+            if isinstance(message, Resume):
+                return [ResumeRequested(message)]
             return [SessionRequested(message)]
         if isinstance(message, Draft) and self.state is State.SESSION:
             return [self._on_draft(message)]
@@ -449,12 +494,13 @@ class CompanionConnection(_Connection):
         return reply
 
     def session_opened(self, session_id: int, prompt_length: int | None = None) -> None:
-        """Queue SessionOpened once the prompt is prefilled; the next Draft is round 0."""
+        """Queue SessionOpened once the prompt is prefilled; the next Draft is round 0 (after a
+        Resume, the round it names)."""
         self._require(State.OPENING, action="confirm a session")
         assert self.session is not None
-        length = len(self.session.prompt_ids) if prompt_length is None else prompt_length
+        length = _held(self.session) if prompt_length is None else prompt_length
         self._send(SessionOpened(session_id, length))
-        self.session_id, self.round = session_id, 0
+        self.session_id, self.round = session_id, _first_round(self.session)
         self.state = State.SESSION
 
     def send_verdict(self, accepted: int, ids: Sequence[int], values: Sequence[float]) -> Verdict:
@@ -489,7 +535,7 @@ class CompanionConnection(_Connection):
         self.state = State.SESSION
         return row
 
-    def _check_reply_ids(self, ids: tuple[int, ...], session: OpenSession) -> None:
+    def _check_reply_ids(self, ids: tuple[int, ...], session: OpenSession | Resume) -> None:
         _check_candidate_count(len(ids), "reply", session)
         vocab = self.limits.vocab_size
         if vocab is not None and ids and ids[-1] >= vocab:

@@ -15,6 +15,7 @@ from specsteer.protocol.messages import (
     Hello,
     HelloOk,
     OpenSession,
+    Resume,
     RowReply,
     RowRequest,
     Verdict,
@@ -81,6 +82,14 @@ class SessionRequested:
 
 
 @dataclass(frozen=True)
+class ResumeRequested:
+    """Companion: the device asks to rebuild a session from its public state; prefill prompt
+    and committed tokens, then session_opened or fail."""
+
+    request: Resume
+
+
+@dataclass(frozen=True)
 class DraftReceived:
     """Companion: a draft to verify; answer with send_verdict."""
 
@@ -119,6 +128,7 @@ Event: TypeAlias = (
     | ErrorReceived
     | HelloReceived
     | SessionRequested
+    | ResumeRequested
     | DraftReceived
     | RowRequested
     | CloseRequested

@@ -44,6 +44,7 @@ class MessageType(enum.IntEnum):
     ROW_REPLY = 8
     CLOSE = 9
     ERROR = 10
+    RESUME = 11
 
 
 class ErrorCode(enum.IntEnum):
@@ -309,8 +310,37 @@ class OpenSession:
 
 
 @dataclass(frozen=True)
+class Resume:
+    """Device -> companion: rebuild a generation's session from public state and continue.
+
+    Any companion serving the same models can take it: the public prompt, every token
+    committed so far and the settings are the whole of a session's state, so the companion
+    prefills `prompt_ids + committed_ids` in one pass and expects Draft number `round` next.
+    The device sends it on a fresh connection when its link dropped mid-generation.
+    """
+
+    prompt_ids: tuple[int, ...]
+    committed_ids: tuple[int, ...]
+    settings: SessionSettings = SessionSettings()
+    round: int = 0
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "prompt_ids", _ids("prompt_ids", self.prompt_ids))
+        object.__setattr__(self, "committed_ids", _ids("committed_ids", self.committed_ids))
+        if not isinstance(self.settings, SessionSettings):
+            raise ProtocolError(ErrorCode.BAD_VALUE, "settings must be SessionSettings")
+        _check_uint("round", self.round, _MAX_ID)
+
+    @property
+    def held_ids(self) -> tuple[int, ...]:
+        """What the rebuilt session holds: the public prompt, then the committed tokens."""
+        return self.prompt_ids + self.committed_ids
+
+
+@dataclass(frozen=True)
 class SessionOpened:
-    """Companion -> device: the session exists and its caches hold the prompt."""
+    """Companion -> device: the session exists and its caches hold the prompt (after a
+    `Resume`, the prompt and the committed tokens: `prompt_length` counts both)."""
 
     session_id: int
     prompt_length: int
@@ -433,4 +463,5 @@ Message: TypeAlias = (
     | RowReply
     | Close
     | Error
+    | Resume
 )

@@ -1,0 +1,145 @@
+"""Scale-out benchmark: N devices against the companion on Ray Serve with 1 and 2 replicas.
+
+Starts a private local Ray cluster, deploys the Ray Serve application (`specsteer_companion.
+ray_app`, the same code `specsteer-companion ray serve` runs) with R verifier replicas of the
+tiny pair (or `--generalist/--specialist` compiled folders), and for each N runs N real
+`Client`s at once, each on its own thread and websocket, each generating `--generations` texts
+greedily. Every text is checked against a single in-process companion's (a difference counts as
+an error, as does a degraded generation). Reported per (R, N): aggregate tokens/s, p50/p95
+generation seconds, sessions per replica (from the ingress's /stats), errors.
+
+On one small machine every part shares the same cores: the devices' Specialists, the ingress,
+Serve's proxy and the replicas. Read the table for the shape (where adding a replica helps, where
+the machine is the limit), not for GPU numbers; docs/scale.md has the GPU deployment on paper.
+
+    flock /tmp/specsteer-heavy.lock python bench/scale.py --replicas 1 2 --devices 1 2 4 8 16 32
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import socket
+import statistics
+import sys
+import threading
+import time
+import urllib.request
+
+from specsteer.client import Client
+from specsteer.models.tiny import tiny_model_dir
+from specsteer.runtime import load_model
+from specsteer_companion.local import LocalChannel
+from specsteer_companion.ray_config import parse_config
+from specsteer_companion.verifier import Verifier
+
+QUERY = "Budget for next quarter"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _stats(http: str) -> dict:
+    with urllib.request.urlopen(f"{http}/stats", timeout=10) as reply:
+        return json.loads(reply.read())
+
+
+def run_round(url: str, specialist, n: int, generations: int, tokens: int,
+              expected: list[int]) -> dict:
+    times: list[float] = []
+    produced, errors = [0], [0]
+    lock = threading.Lock()
+
+    def device() -> None:
+        client = Client(specialist, companion=url, timeout_s=120)
+        for _ in range(generations):
+            started = time.perf_counter()
+            try:
+                result = client.generate(QUERY, max_new_tokens=tokens, k=4, offline="fail")
+                ok = result.tokens == expected and not result.stats.degraded
+            except Exception:  # noqa: BLE001 - counted, the run goes on
+                ok, result = False, None
+            with lock:
+                times.append(time.perf_counter() - started)
+                errors[0] += not ok
+                produced[0] += len(result.tokens) if result is not None else 0
+
+    threads = [threading.Thread(target=device) for _ in range(n)]
+    started = time.perf_counter()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    wall = time.perf_counter() - started
+    times.sort()
+    return {"devices": n, "tokens_per_s": produced[0] / wall, "wall_s": wall,
+            "p50_s": statistics.median(times),
+            "p95_s": times[max(0, math.ceil(0.95 * len(times)) - 1)],  # nearest rank
+            "errors": errors[0]}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--replicas", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--devices", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32])
+    parser.add_argument("--generations", type=int, default=2)
+    parser.add_argument("--tokens", type=int, default=32)
+    parser.add_argument("--generalist", default=str(tiny_model_dir("llama", seed=1)))
+    parser.add_argument("--specialist", default=str(tiny_model_dir("llama", seed=0)))
+    parser.add_argument("--json", help="write the rows here too")
+    args = parser.parse_args()
+
+    import ray
+    from ray import serve
+
+    from specsteer_companion import ray_app
+
+    specialist = load_model(args.specialist)
+    generalist = load_model(args.generalist)
+    verifier = Verifier(generalist, specialist)
+    reference = Client(specialist, companion=lambda: LocalChannel.for_verifier(verifier))
+    expected = reference.generate(QUERY, max_new_tokens=args.tokens, k=4).tokens
+    ray.init(num_cpus=max(4, os.cpu_count() or 1), include_dashboard=False,
+             object_store_memory=200 * 2**20, namespace="specsteer", log_to_driver=False)
+    rows = []
+    try:
+        for replicas in args.replicas:
+            port = _free_port()
+            config = parse_config({
+                "address": "local", "open_access": True,
+                "models": {"generalist": args.generalist, "specialist": args.specialist},
+                "verifier": {"min_replicas": replicas, "max_replicas": replicas,
+                             "num_cpus": 0.5, "max_ongoing_requests": 64, "max_sessions": 256},
+                "ingress": {"port": port, "num_cpus": 0.25, "replica_timeout_s": 120},
+            })
+            url = ray_app.start(config)
+            http = f"http://127.0.0.1:{port}"
+            for n in args.devices:
+                before = _stats(http)["sessions"]
+                row = run_round(url, specialist, n, args.generations, args.tokens, expected)
+                after = _stats(http)["sessions"]
+                row["replicas"] = replicas
+                row["sessions_per_replica"] = sorted(
+                    after[r] - before.get(r, 0) for r in after if after[r] > before.get(r, 0))
+                rows.append(row)
+                print(f"R={replicas} N={n:>2}: {row['tokens_per_s']:7.1f} tok/s  "
+                      f"p50 {row['p50_s']:5.2f} s  p95 {row['p95_s']:5.2f} s  "
+                      f"sessions/replica {row['sessions_per_replica']}  "
+                      f"errors {row['errors']}", flush=True)
+            serve.delete(config.app_name)
+            serve.shutdown()
+    finally:
+        ray.shutdown()
+    if args.json:
+        with open(args.json, "w") as handle:
+            json.dump(rows, handle, indent=1)
+    sys.exit(1 if any(row["errors"] for row in rows) else 0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,281 @@
+"""The companion on Ray Serve: a websocket ingress in front of N verifier replicas.
+
+Owns the two deployments and how a session stays on its replica. A `VerifierReplica` loads the
+models once and holds, per device connection, one `CompanionEndpoint` (protocol state machine,
+auth, KV caches: the very class the single-process server runs). The `Ingress` accepts the
+device's websocket, enforces what an adapter enforces (connections per address and in total,
+Hello deadline, idle time, frame size, requests per connection, prompt tokens per device: the
+`limits` module's counters) and forwards each frame to the replica holding that connection,
+tagged with its connection id: `ray_routing.SessionAffinityRouter` sends every request of an
+id to the replica it placed the first one on, and the replica keeps the id's endpoint in
+Serve's multiplexed-model cache (`max_sessions` per replica, least recently used evicted).
+Should a frame land on a replica without its state (its replica died or evicted it), or a
+replica die or stall, the ingress closes the websocket, and the device resumes the session
+on a fresh connection (`protocol.Resume`), which lands wherever the router puts the new id.
+TLS terminates at Serve's proxy (`http_options`). Revocation is checked at Hello only.
+"""
+
+# No `from __future__ import annotations`: FastAPI must see the real `WebSocket` annotation
+# of the ingress's method, and the class travels to its replica by value (cloudpickle), where
+# a string annotation could no longer be resolved.
+import asyncio
+import contextlib
+import logging
+import uuid
+from collections import Counter
+from dataclasses import dataclass
+
+import ray
+from fastapi import FastAPI, WebSocket
+from ray import serve
+from ray.serve.config import AutoscalingConfig, HTTPOptions, RequestRouterConfig
+
+from specsteer import protocol
+from specsteer.protocol import ErrorCode, Limits, MessageType
+from specsteer_companion.endpoint import CompanionEndpoint
+from specsteer_companion.limits import SessionCounter, TokenBucket
+from specsteer_companion.ray_config import RayCompanionConfig
+from specsteer_companion.ray_routing import SessionAffinityRouter
+from specsteer_companion.server import prompt_tokens
+from specsteer_companion.verifier import Verifier
+
+log = logging.getLogger("specsteer_companion.ray")
+RESUME_CLOSE = 1011  # websocket close code of a lost replica: the device resumes elsewhere
+
+
+@dataclass(frozen=True)
+class Reply:
+    """A replica's answer to one frame."""
+
+    frames: list[bytes]
+    replica: str  # full id of the replica (its actor name)
+    identity: str | None = None
+    closed: bool = False  # the endpoint closed the connection (Error or Close)
+    lost: bool = False  # this replica holds no state for the connection: resume elsewhere
+    resumed: bool = False  # the frame rebuilt a session (Resume)
+
+
+def _authenticator(config: RayCompanionConfig):  # type: ignore[no-untyped-def]
+    if config.open_access:
+        return None
+    from specsteer_companion.auth import TokenStore
+
+    store = TokenStore(config.tokens)  # type: ignore[arg-type]
+    return lambda secret: info.token_id if (info := store.verify(secret)) else None
+
+
+def _load_verifier(config: RayCompanionConfig) -> Verifier:
+    from specsteer.runtime import load_model
+
+    m = config.models
+    g = load_model(m.generalist, precision=m.precision, threads=m.threads)
+    s = None if m.specialist == "none" else load_model(m.specialist, precision=m.precision,
+                                                        threads=m.threads)
+    return Verifier(g, s, m.max_session_tokens)
+
+
+def build_app(config: RayCompanionConfig):  # type: ignore[no-untyped-def]
+    """The Serve application (ingress bound to the verifier deployment) for `config`."""
+    v, i = config.verifier, config.ingress
+    autoscaling = AutoscalingConfig(
+        min_replicas=v.min_replicas, max_replicas=v.max_replicas,
+        initial_replicas=v.initial_replicas, target_ongoing_requests=v.target_ongoing_requests)
+
+    @serve.deployment(
+        autoscaling_config=autoscaling, max_ongoing_requests=v.max_ongoing_requests,
+        ray_actor_options={"num_cpus": v.num_cpus, "num_gpus": v.num_gpus},
+        request_router_config=RequestRouterConfig(request_router_class=SessionAffinityRouter),
+        health_check_period_s=v.health_check_period_s,
+        health_check_timeout_s=v.health_check_timeout_s)
+    class VerifierReplica:
+        """Models loaded once; one endpoint per device connection routed here."""
+
+        def __init__(self) -> None:
+            self.verifier = _load_verifier(config)
+            self.authenticate = _authenticator(config)
+            self.replica = serve.get_replica_context().replica_id.to_full_id_str()
+            self.counts: Counter[str] = Counter()
+
+        @serve.multiplexed(max_num_models_per_replica=v.max_sessions)
+        async def endpoint(self, connection: str) -> _HeldEndpoint:
+            self.counts["connections"] += 1
+            return _HeldEndpoint(CompanionEndpoint(self.verifier, authenticate=self.authenticate))
+
+        async def handle(self, frame: bytes) -> Reply:
+            held = await self.endpoint(serve.get_multiplexed_model_id())
+            endpoint = held.endpoint
+            fresh = endpoint.conn.state is protocol.State.START
+            if fresh and (len(frame) < 2 or frame[1] != MessageType.HELLO):
+                self.counts["lost"] += 1
+                return Reply([], self.replica, lost=True)
+            resumes = endpoint.resumes
+            frames = await asyncio.to_thread(endpoint.handle, frame)  # model work off the loop
+            resumed = endpoint.resumes > resumes
+            self.counts["resumes"] += resumed
+            self.counts["frames"] += 1
+            return Reply(frames, self.replica, endpoint.identity, endpoint.closed, resumed=resumed)
+
+        async def release(self) -> None:
+            """The device's connection ended: free its KV caches now."""
+            held = await self.endpoint(serve.get_multiplexed_model_id())
+            held.endpoint.release()
+
+        def stats(self) -> dict[str, object]:
+            return {"replica": self.replica, **self.counts}
+
+        def check_health(self) -> None:
+            """Serve restarts a replica whose models no longer run a token."""
+            self.verifier.generalist.new_session(max_length=4).append([0])
+
+    app = FastAPI()
+
+    @serve.deployment(num_replicas=i.replicas, ray_actor_options={"num_cpus": i.num_cpus})
+    @serve.ingress(app)
+    class Ingress:
+        """Websocket front: limits, then each frame to the replica holding its connection."""
+
+        def __init__(self, verifiers) -> None:  # type: ignore[no-untyped-def]
+            self.verifiers = verifiers
+            self.limits = Limits()
+            self.connections = SessionCounter(
+                max_per_token=min(i.max_connections_per_address, i.max_connections),
+                max_total=i.max_connections)
+            self.prefill: dict[str, TokenBucket] = {}
+            self.per_replica: Counter[str] = Counter()  # sessions opened per replica
+            self.resumed: Counter[str] = Counter()
+            self.lost = 0
+
+        @app.get("/stats")
+        def stats(self) -> dict[str, object]:
+            """What this ingress replica routed: sessions and resumes per verifier replica."""
+            return {"sessions": dict(self.per_replica), "resumes": dict(self.resumed),
+                    "lost": self.lost, "open_connections": self.connections.active()}
+
+        @app.websocket("/")
+        async def connect(self, ws: WebSocket) -> None:
+            peer = ws.client.host if ws.client else "?"
+            if not self.connections.acquire(peer):
+                await ws.close(code=1013, reason="too many connections")
+                return
+            await ws.accept()
+            connection = uuid.uuid4().hex
+            handle = self.verifiers.options(multiplexed_model_id=connection)
+            try:
+                await self._serve(ws, handle)
+            finally:
+                self.connections.release(peer)
+                with contextlib.suppress(Exception):
+                    handle.release.remote()
+                with contextlib.suppress(Exception):
+                    await ws.close()
+
+        async def _serve(self, ws: WebSocket, handle) -> None:  # type: ignore[no-untyped-def]
+            bucket = TokenBucket(i.requests_per_second, i.burst)
+            identity: str | None = None
+            while True:
+                timeout = i.idle_timeout_s if identity is not None else i.hello_timeout_s
+                try:
+                    message = await asyncio.wait_for(ws.receive(), timeout)
+                except TimeoutError:
+                    return await _refuse(ws, ErrorCode.TIMEOUT, "idle timeout"
+                                         if identity else "no Hello in time")
+                if message["type"] == "websocket.disconnect":
+                    return
+                frame = message.get("bytes")
+                if frame is None:
+                    return await _refuse(ws, ErrorCode.BAD_FRAME, "text frames are not accepted")
+                if len(frame) > self.limits.max_message_bytes:
+                    return await _refuse(ws, ErrorCode.TOO_LARGE, "frame too large")
+                if not bucket.try_acquire():
+                    return await _refuse(ws, ErrorCode.RATE_LIMITED, "too many requests")
+                if identity is not None and (why := self._prefill_refusal(identity, frame)):
+                    return await _refuse(ws, ErrorCode.RATE_LIMITED, why)
+                try:
+                    reply: Reply = await asyncio.wait_for(handle.handle.remote(frame),
+                                                          i.replica_timeout_s)
+                except (ray.exceptions.RayError, TimeoutError) as exc:
+                    log.warning("verifier replica lost (%s): the device resumes elsewhere",
+                                type(exc).__name__)
+                    self.lost += 1
+                    return await ws.close(code=RESUME_CLOSE, reason="verifier lost: resume")
+                if reply.lost:
+                    self.lost += 1
+                    return await ws.close(code=RESUME_CLOSE, reason="session state lost: resume")
+                if identity is None and reply.identity is not None:
+                    identity = reply.identity
+                if len(frame) > 1 and frame[1] in (MessageType.OPEN_SESSION, MessageType.RESUME):
+                    self.per_replica[reply.replica] += 1
+                    if reply.resumed:
+                        self.resumed[reply.replica] += 1
+                for out in reply.frames:
+                    await ws.send_bytes(out)
+                if reply.closed:
+                    return
+
+        def _prefill_refusal(self, identity: str, frame: bytes) -> str | None:
+            tokens = prompt_tokens(frame, self.limits)
+            if not tokens:
+                return None
+            bucket = self.prefill.setdefault(identity, TokenBucket(
+                i.prefill_tokens_per_second, i.prefill_burst))
+            cost = min(tokens, bucket.burst)
+            if bucket.try_acquire(cost):
+                return None
+            return f"prompt budget exhausted, retry in {bucket.retry_after(cost):.1f} s"
+
+    return Ingress.bind(VerifierReplica.bind())
+
+
+class _HeldEndpoint:
+    """A multiplexed 'model': one connection's endpoint; Serve calls `__del__` on eviction."""
+
+    def __init__(self, endpoint: CompanionEndpoint) -> None:
+        self.endpoint = endpoint
+
+    def __del__(self) -> None:
+        self.endpoint.release()
+
+
+async def _refuse(ws: WebSocket, code: ErrorCode, text: str) -> None:
+    with contextlib.suppress(Exception):
+        await ws.send_bytes(protocol.encode(protocol.Error(code, text)))
+    await ws.close()
+
+
+def start(config: RayCompanionConfig, *, blocking: bool = False) -> str:
+    """Join (or start) the Ray cluster, deploy the application, return its ws(s):// URL."""
+    from specsteer_companion.tls import server_ssl_context
+
+    i = config.ingress
+    if i.cert and i.key:
+        server_ssl_context(i.cert, i.key)  # a bad certificate fails here, with what to fix
+    address = None if config.address == "local" else config.address
+    try:
+        ray.init(address=address, ignore_reinit_error=True, namespace="specsteer")
+    except (ConnectionError, RuntimeError) as exc:
+        raise RayUnavailable(
+            f"no Ray cluster at {config.address!r} ({exc}); start one with `ray start --head` "
+            "on the head node (and `ray start --address HEAD:6379` on the others), or set "
+            "`address: local` for a private single-machine cluster") from exc
+    serve.start(http_options=HTTPOptions(host=i.host, port=i.port, ssl_keyfile=i.key,
+                                         ssl_certfile=i.cert))
+    serve.run(build_app(config), name=config.app_name, route_prefix="/", blocking=blocking)
+    scheme = "wss" if i.cert else "ws"
+    return f"{scheme}://{i.host}:{i.port}"
+
+
+def wait_forever() -> None:
+    """Keep the driver alive (the application lives in the cluster) until Ctrl-C/SIGTERM, then
+    take the application down."""
+    import signal
+    import threading
+
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    stop.wait()
+    serve.shutdown()
+
+
+class RayUnavailable(RuntimeError):
+    """Ray is not installed, or no cluster can be reached at the configured address."""
