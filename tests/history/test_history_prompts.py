@@ -284,3 +284,19 @@ def test_tight_budget_keeps_fewer_longer_examples() -> None:
     # a roomy budget keeps all of them whole
     roomy = build_prompt("abstract", "Title", records, max_prompt_tokens=4000)
     assert len(roomy.records) == 5 and roomy.truncated == ()
+
+
+def test_cut_at_a_sentence_end_reads_whole_else_an_ellipsis_marks_it() -> None:
+    sentences = " ".join(f"Sentence number {i} ends here." for i in range(40))
+    record = make_record(kind="paper", id="p", title="T", body=sentences)
+    prompt = build_prompt("abstract", "T", [record], max_prompt_tokens=200, min_example_tokens=0)
+    answer = prompt.examples[0][1]
+    assert prompt.truncated == ("p",) and answer.endswith("ends here.")
+    assert ELLIPSIS not in answer and sentences.startswith(answer)
+    run_on = make_record(kind="paper", id="r", title="T", body="word " * 400)
+    cut = build_prompt("abstract", "T", [run_on], max_prompt_tokens=200).examples[0][1]
+    assert cut.endswith(ELLIPSIS)
+    # a sentence end early in what fits does not throw most of it away
+    early = make_record(kind="paper", id="e", title="T", body="Short one. " + "word " * 400)
+    assert build_prompt("abstract", "T", [early], max_prompt_tokens=200).examples[0][1] \
+        .endswith(ELLIPSIS)

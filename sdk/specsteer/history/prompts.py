@@ -41,6 +41,10 @@ DEFAULT_MIN_EXAMPLE_TOKENS = 96
 MESSAGE_OVERHEAD_TOKENS = 5
 ELLIPSIS = "…"
 _WORD_END = re.compile(r"\S+")
+_SENTENCE_END = re.compile(r"[.!?][\"')\]]*(?=\s)")
+# A cut at a sentence end is kept when it keeps at least this share of what would fit: the
+# example then reads as a whole text (a model copies a trailing ellipsis as the way to stop).
+SENTENCE_CUT_SHARE = 0.5
 _ONLY = "no title, no heading, no placeholders in brackets, no comments before or after it"
 
 
@@ -365,17 +369,32 @@ def private_request_text(request: str, items: str, length: LengthPolicy | None) 
 
 
 def _truncate(text: str, limit: int, count_tokens: Callable[[str], int]) -> str:
-    """The longest word-prefix of `text` that, with an ellipsis, counts at most `limit`."""
+    """`text` cut to count at most `limit`: at the last sentence end that fits when that keeps
+    at least half of what fits (no mark), else the longest word-prefix with an ellipsis."""
+    fitted = _word_prefix(text, limit, count_tokens, ellipsis=False)
+    ends = [match.end() for match in _SENTENCE_END.finditer(fitted)]
+    if ends and ends[-1] >= SENTENCE_CUT_SHARE * len(fitted) \
+            and count_tokens(text[: ends[-1]]) <= limit:
+        return text[: ends[-1]]
+    return _word_prefix(text, limit, count_tokens, ellipsis=True)
+
+
+def _word_prefix(text: str, limit: int, count_tokens: Callable[[str], int], *,
+                 ellipsis: bool) -> str:
+    """The longest word-prefix of `text` that (with an ellipsis if asked) counts <= `limit`."""
+    mark = f" {ELLIPSIS}" if ellipsis else ""
     ends = [match.end() for match in _WORD_END.finditer(text)]
     low, high = 0, len(ends) - 1  # words kept; len(ends) itself would not need truncation
     while low < high:
         middle = (low + high + 1) // 2
-        if count_tokens(f"{text[: ends[middle - 1]]} {ELLIPSIS}") <= limit:
+        if count_tokens(f"{text[: ends[middle - 1]]}{mark}") <= limit:
             low = middle
         else:
             high = middle - 1
     if low:
-        return f"{text[: ends[low - 1]]} {ELLIPSIS}"
+        return f"{text[: ends[low - 1]]}{mark}"
+    if not ellipsis:
+        return ""
     return ELLIPSIS if count_tokens(ELLIPSIS) <= limit else ""
 
 
