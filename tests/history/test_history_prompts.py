@@ -263,7 +263,8 @@ def test_mail_examples_show_the_users_own_words_only() -> None:
 
 def test_newsgroup_request_asks_for_a_post_not_a_letter() -> None:
     post = request_text("email", {"subject": "Re: Pluto mission?", "newsgroup": "sci.space"})
-    assert "follow-up post in the thread \"Pluto mission?\" for the newsgroup sci.space" in post
+    assert "follow-up post in the thread \"Pluto mission?\" that you sent to the newsgroup " \
+        "sci.space" in post and "view" not in post
     assert "no greeting" in post and "no quoted lines" in post and "no sign-off" in post
     fresh = request_text("email", {"subject": "Pluto mission", "newsgroup": "sci.space"})
     assert "post with the subject \"Pluto mission\"" in fresh

@@ -165,12 +165,14 @@ def _email_request(q: Mapping[str, str]) -> str:
         thread = _strip_reply(q["subject"]) != q["subject"]
         what = f"follow-up post in the thread {_quoted(_strip_reply(q['subject']))}" if thread \
             else f"post with the subject {subject}"
+        # "the post you sent": an artifact of the user's to reproduce, not an opinion asked of
+        # the assistant (asked for "your own view", the models answered "As an AI ...").
         return (
-            f"Write your {what} for the newsgroup {q['newsgroup'].strip()}, in the first person, "
-            "as its author, giving your own view. Reply with the text of the post only, usually "
-            "one to four paragraphs: no subject line, no greeting such as \"Dear ...\", no "
-            "quoted lines, no sign-off, no placeholders in square brackets, no comments before "
-            "or after it."
+            f"Write the {what} that you sent to the newsgroup {q['newsgroup'].strip()}, in the "
+            "first person, as its author. Reply with the text of the post only, usually one to "
+            "four paragraphs: no subject line, no greeting such as \"Dear ...\", no quoted "
+            "lines, no sign-off, no placeholders in square brackets, no comments before or "
+            "after it."
         )
     text = f"Write your message with the subject {subject}"
     if q.get("to"):
