@@ -172,9 +172,24 @@ def style_similarity(
     sizes: tuple[int, int] = DEFAULT_NGRAMS,
 ) -> StyleSimilarity:
     """How much more `output` reads like its user's history than like other users' histories."""
-    if not other_histories:
+    return profile_similarity(
+        output,
+        history_profile(own_history, sizes),
+        [history_profile(history, sizes) for history in other_histories],
+        sizes,
+    )
+
+
+def profile_similarity(
+    output: str,
+    own_profile: Mapping[str, int],
+    other_profiles: Sequence[Mapping[str, int]],
+    sizes: tuple[int, int] = DEFAULT_NGRAMS,
+) -> StyleSimilarity:
+    """`style_similarity` over history profiles built once (`history_profile`), for many outputs."""
+    if not other_profiles:
         raise ValueError("style similarity needs at least one other user's history")
     profile = ngram_profile(output, sizes)
-    own = cosine(profile, history_profile(own_history, sizes))
-    others = float(np.mean([cosine(profile, history_profile(h, sizes)) for h in other_histories]))
+    own = cosine(profile, own_profile)
+    others = float(np.mean([cosine(profile, other) for other in other_profiles]))
     return StyleSimilarity(own=own, others=others, margin=own - others)

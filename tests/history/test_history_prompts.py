@@ -197,7 +197,8 @@ def test_non_additive_token_counter_still_fits() -> None:
         return (len(text) + 3) // 4
 
     records = _records("paper", count=4, words=300)
-    prompt = build_prompt("abstract", "Title", records, count_tokens=chars, max_prompt_tokens=700)
+    prompt = build_prompt("abstract", "Title", records, count_tokens=chars, max_prompt_tokens=700,
+                          min_example_tokens=0)
     assert chars(prompt.system) + chars(prompt.with_context) <= 700
     assert prompt.tokens <= 700 and set(prompt.truncated) == {r.id for r in records}
 
@@ -245,3 +246,58 @@ def test_retrieve_uses_the_task_kinds(store: HistoryStore) -> None:
     assert [h.record.id for h in retrieve(store, "abstract", "budget decoding")] == ["paper"]
     dated = retrieve(store, "email", "budget", before="2010")
     assert [h.record.id for h in dated] == ["old"]
+
+
+def test_mail_examples_show_the_users_own_words_only() -> None:
+    quoted = make_record(kind="email", id="m1", title="Re: launch", meta={"newsgroup": "sci.space"},
+                         body="In article <1@x> bob writes:\n> the launch slipped\n\n"
+                              "It slipped because the budget did.\n--\nAna  ana@example.org")
+    only_quotes = make_record(kind="email", id="m2", title="Re: x", body="bob wrote:\n> hi")
+    prompt = build_prompt("email", {"subject": "Re: launch", "newsgroup": "sci.space"},
+                          [quoted, only_quotes])
+    assert [answer for _, answer in prompt.examples] == ["It slipped because the budget did."]
+    assert prompt.records == ("m1",) and prompt.dropped == ("m2",) and prompt.truncated == ()
+    assert quoted.body.startswith("In article")  # the record itself is untouched
+    assert prompt.length is not None and prompt.length.median_words == 6
+
+
+def test_newsgroup_request_asks_for_a_post_not_a_letter() -> None:
+    post = request_text("email", {"subject": "Re: Pluto mission?", "newsgroup": "sci.space"})
+    assert "follow-up post in the thread \"Pluto mission?\" that you sent to the newsgroup " \
+        "sci.space" in post and "view" not in post
+    assert "no greeting" in post and "no quoted lines" in post and "no sign-off" in post
+    fresh = request_text("email", {"subject": "Pluto mission", "newsgroup": "sci.space"})
+    assert "post with the subject \"Pluto mission\"" in fresh
+    assert "Write your message" in request_text("email", {"subject": "Budget", "to": "Ana"})
+
+
+def test_tight_budget_keeps_fewer_longer_examples() -> None:
+    records = _records("paper", count=5, words=200)
+    few = build_prompt("abstract", "Title", records, max_prompt_tokens=400,
+                       min_example_tokens=96)
+    many = build_prompt("abstract", "Title", records, max_prompt_tokens=400,
+                        min_example_tokens=0)
+    assert len(many.records) == 5 and len(few.records) < 5
+    assert few.records == many.records[: len(few.records)]  # the best-ranked ones stay
+    assert few.dropped == many.records[len(few.records):]
+    assert all(len(answer.split()) >= 95 for _, answer in few.examples)
+    assert few.tokens <= 400
+    # a roomy budget keeps all of them whole
+    roomy = build_prompt("abstract", "Title", records, max_prompt_tokens=4000)
+    assert len(roomy.records) == 5 and roomy.truncated == ()
+
+
+def test_cut_at_a_sentence_end_reads_whole_else_an_ellipsis_marks_it() -> None:
+    sentences = " ".join(f"Sentence number {i} ends here." for i in range(40))
+    record = make_record(kind="paper", id="p", title="T", body=sentences)
+    prompt = build_prompt("abstract", "T", [record], max_prompt_tokens=200, min_example_tokens=0)
+    answer = prompt.examples[0][1]
+    assert prompt.truncated == ("p",) and answer.endswith("ends here.")
+    assert ELLIPSIS not in answer and sentences.startswith(answer)
+    run_on = make_record(kind="paper", id="r", title="T", body="word " * 400)
+    cut = build_prompt("abstract", "T", [run_on], max_prompt_tokens=200).examples[0][1]
+    assert cut.endswith(ELLIPSIS)
+    # a sentence end early in what fits does not throw most of it away
+    early = make_record(kind="paper", id="e", title="T", body="Short one. " + "word " * 400)
+    assert build_prompt("abstract", "T", [early], max_prompt_tokens=200).examples[0][1] \
+        .endswith(ELLIPSIS)

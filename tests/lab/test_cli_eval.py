@@ -42,6 +42,11 @@ def test_eval_writes_results_report_and_plot_then_resumes(app, tmp_path):
     assert "| SpecSteer (γ=0.5) | 2 |" in report and "| LLM | 2 |" in report
     assert "quality_vs_speed.png" in report
     assert (out / "quality_vs_speed.png").read_bytes()[:4] == b"\x89PNG"
+    summary = json.loads((out / "summary.json").read_text())
+    assert [m["label"] for m in summary["methods"]] == ["slm", "llm", "specsteer@0.5"]
+    assert {(d["baseline"], d["metric"]) for d in summary["differences"]} == {
+        (base, metric) for base in ("slm", "llm") for metric in ("rouge1", "rougeL")}
+    assert "SpecSteer (γ=0.5) − LLM | 2 |" in report and "median length ratio" in report
     assert json.loads((out / "run.json").read_text())["max_new_tokens"] == 5
     assert "| SLM | 2 |" in result.stdout
     assert "[6/6] B7BOOKS · specsteer@0.5" in result.output and "ETA" in result.output

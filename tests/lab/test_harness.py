@@ -275,3 +275,101 @@ def test_pipelining_changes_no_output(tiny_model, tiny_generalist, reviews, tmp_
                         tmp_path / f"{pipeline}.jsonl")
         texts.append([(r["text"], r["acceptance"]) for r in rows])
     assert texts[0] == texts[1]
+
+
+# ------------------------------------------------------------- length policy and user measures
+
+def test_every_method_gets_the_users_length_bounds(tiny_model, tiny_generalist, reviews,
+                                                   tmp_path):
+    config = EvalConfig(task="review", max_new_tokens=40, retrieve_k=2)
+    harness = Harness(tiny_model, tiny_generalist, config)
+    prepared = harness.prepare(reviews[0])
+    assert prepared.length is not None
+    low, high = prepared.length.clamp(40)
+    assert 0 < low <= high <= 40
+    rows = list(run_eval(harness, reviews[:2], parse_methods(["slm_rag", "llm",
+                                                               "specsteer@0.5"]),
+                         tmp_path / "r.jsonl"))
+    first = [row for row in rows if row["user"] == reviews[0].user]
+    assert {(row["min_new_tokens"], row["max_new_tokens"]) for row in first} == {(low, high)}
+    assert all(low <= row["tokens"] <= high for row in first)
+    # the measures a user would feel are in every row, against the other user of the run
+    for row in rows:
+        words = len(row["text"].split())
+        assert row["length_ratio"] == pytest.approx(words / row["user_median_words"])
+        assert row["style_margin"] == pytest.approx(row["style_own"] - row["style_others"])
+    off = EvalConfig(task="review", max_new_tokens=40, retrieve_k=2, user_length=False)
+    assert off.params(parse_method("llm"), prepared.length).min_new_tokens == 0
+    assert off.params(parse_method("llm"), prepared.length).max_new_tokens == 40
+
+
+def test_voices_use_the_users_own_words(tmp_path):
+    from specsteer.history import make_record
+    from specsteer_lab.eval.data import Example
+    from specsteer_lab.eval.voice import Voices
+
+    def user(name: str, body: str) -> Example:
+        records = tuple(make_record(kind="email", id=f"{name}{i}", title="s",
+                                    body=f"bob wrote:\n> quoted words here\n{body}")
+                        for i in range(3))
+        return Example(user=name, task="email", query={"subject": "s"}, gold="g",
+                       records=records)
+
+    voices = Voices([user("ana", "Cheers mate, ta very much"),
+                     user("bo", "DEAR SIR. I AM WRITING. REGARDS.")])
+    assert voices.by_user["ana"].median_words == 5  # quotes and attribution not counted
+    ana = voices.measure("ana", "Cheers mate, ta")
+    assert ana["length_ratio"] == pytest.approx(3 / 5)
+    assert ana["style_margin"] > 0 > voices.measure("bo", "Cheers mate, ta")["style_margin"]
+    alone = Voices([user("ana", "hi there")]).measure("ana", "hi")
+    assert alone["style_margin"] is None and alone["length_ratio"] == pytest.approx(0.5)
+
+
+def test_report_shows_user_measures_and_paired_intervals():
+    import random
+
+    from specsteer_lab.eval.compare import specsteer_differences
+    from specsteer_lab.eval.report import report_json
+
+    rng = random.Random(3)
+    rows = []
+    for index in range(20):
+        user = f"u{index}"
+        base = rng.uniform(0.1, 0.3)
+        rows.append(_row("llm", "llm", user, 10, 5.0, base, length_ratio=0.4 + index % 2 * 0.3,
+                         style_own=0.5, style_margin=0.01))
+        # SpecSteer is better on every user by 5 to 15 points on both metrics
+        rows.append(_row("specsteer@0.5", "specsteer", user, 10, 4.0,
+                         base + rng.uniform(0.05, 0.15), gamma=0.5, length_ratio=1.0,
+                         style_own=0.6, style_margin=0.05))
+        # SLM+RAG ties SpecSteer on ROUGE-1 only half the time: noise around it
+        rows.append(_row("slm_rag", "slm_rag", user, 10, 2.0,
+                         rows[-1]["rouge1"] + rng.uniform(-0.1, 0.1)))
+    found = {(d.baseline, d.metric): d.interval for d in specsteer_differences(rows)}
+    assert set(found) == {("llm", "rouge1"), ("llm", "rougeL"), ("slm_rag", "rouge1"),
+                          ("slm_rag", "rougeL")}
+    llm = found[("llm", "rouge1")]
+    assert llm.n == 20 and 5 < llm.low < llm.mean < llm.high < 15 and llm.excludes_zero
+    assert found[("slm_rag", "rouge1")].low < 0 < found[("slm_rag", "rouge1")].high
+    text = render_report(rows, {"task": "abstract"})
+    assert "| LLM | 20 | " in text and "| 0.55 | 0.500 | 0.010 |" in text  # 0.4 / 0.7
+    assert f"| SpecSteer (γ=0.5) − LLM | 20 | {llm.mean:+.2f} [{llm.low:+.2f}, " in text
+    assert "SpecSteer (γ=0.5) − SLM+RAG" in text
+    summary = report_json(rows, {"task": "abstract"})
+    assert summary["users"] == 20
+    llm_row = next(m for m in summary["methods"] if m["label"] == "llm")
+    assert llm_row["length_ratio"] == pytest.approx(0.55)
+    assert {(d["baseline"], d["metric"]) for d in summary["differences"]} == set(found)
+    assert next(d for d in summary["differences"] if d["baseline"] == "llm")["low"] == \
+        pytest.approx(llm.low)
+
+
+def test_differences_pair_only_users_both_methods_ran_on():
+    from specsteer_lab.eval.compare import paired_difference
+
+    rows = [_row("llm", "llm", "a", 1, 1.0, 0.1), _row("llm", "llm", "b", 1, 1.0, 0.9),
+            _row("specsteer@0.5", "specsteer", "a", 1, 1.0, 0.3, gamma=0.5)]
+    only_a = paired_difference(rows, "specsteer@0.5", "llm", "rougeL")
+    assert only_a is not None and only_a.interval.n == 1
+    assert only_a.interval.mean == pytest.approx(20.0)
+    assert paired_difference(rows, "specsteer@0.5", "slm", "rougeL") is None

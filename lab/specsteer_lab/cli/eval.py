@@ -1,13 +1,15 @@
 """`specsteer-lab eval`: run SpecSteer and the baselines on per-user data and write a report.
 
 A thin mapping onto `specsteer_lab.eval`: load examples, load both models, run the harness with a
-progress bar (ETA), then write DIR/results.jsonl, DIR/report.md and DIR/quality_vs_speed.png.
+progress bar (ETA), then write DIR/results.jsonl, DIR/report.md, DIR/summary.json (the report's
+numbers) and DIR/quality_vs_speed.png.
 Re-running with the same --out resumes: rows already in results.jsonl are skipped.
 Errors a user can act on become one red line and exit code 1.
 """
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 from typing import Annotated
@@ -24,6 +26,7 @@ from rich.progress import (
 )
 
 from specsteer.errors import SpecSteerError
+from specsteer.history.prompts import DEFAULT_MIN_EXAMPLE_TOKENS
 
 
 def register(app: typer.Typer) -> None:
@@ -57,6 +60,12 @@ def eval_command(
         min=0, help="Emulated network round trip added to every companion reply.")] = 0.0,
     max_prompt_tokens: Annotated[int, typer.Option(min=64, help="Budget of the private prompt."
                                                    )] = 1024,
+    min_example_tokens: Annotated[int, typer.Option(
+        min=0, help="Leave lower-ranked history examples out rather than cut one below this.")
+    ] = DEFAULT_MIN_EXAMPLE_TOKENS,
+    user_length: Annotated[bool, typer.Option(
+        help="Every method generates within the user's length policy (min/max new tokens from "
+             "the history), capped by --max-new-tokens.")] = True,
     draft_k: Annotated[int, typer.Option(min=1, help="Tokens drafted per SpecSteer round.")] = 4,
     alpha: Annotated[float, typer.Option(help="Steering strength of the private term.")] = 1.0,
     threads: Annotated[int, typer.Option(min=1, help="ONNX Runtime threads per model.")] = 1,
@@ -82,6 +91,7 @@ def eval_command(
         specs = harness_lib.parse_methods([*(methods or DEFAULT_METHODS), *(more_methods or [])])
         config = EvalConfig(task=task, max_new_tokens=max_new_tokens, retrieve_k=retrieve_k,
                             rtt_ms=rtt_ms, max_prompt_tokens=max_prompt_tokens, draft_k=draft_k,
+                            min_example_tokens=min_example_tokens, user_length=user_length,
                             alpha=alpha, pipeline=pipeline)
         examples = data_lib.load_examples(task, data, users)
         err.print(f"{len(examples)} users × {len(specs)} methods; loading {specialist} and "
@@ -122,8 +132,11 @@ def eval_command(
         plot = report_lib.plot_quality_vs_speed(rows, out / "quality_vs_speed.png")
         text = report_lib.render_report(rows, harness_lib.run_config(harness, None), plot.name)
         (out / "report.md").write_text(text, encoding="utf-8")
+        summary = report_lib.report_json(rows, harness_lib.run_config(harness, None))
+        (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n",
+                                          encoding="utf-8")
     except SpecSteerError as exc:
         err.print(f"error: {exc}", style="red", markup=False)
         raise typer.Exit(1) from None
     typer.echo(report_lib.markdown_table(report_lib.summarize(rows)))
-    typer.echo(f"\nwrote {results}, {out / 'report.md'}, {plot}")
+    typer.echo(f"\nwrote {results}, {out / 'report.md'}, {out / 'summary.json'}, {plot}")

@@ -2,7 +2,9 @@
 
 `data` loads examples (shared data sets, LaMP/LongLaMP files), `harness` runs each method through
 the real decoding loop and companion protocol and writes results.jsonl, `metrics` scores ROUGE,
-`report` turns results into the papers' tables and a quality-vs-speed plot. Nothing here changes
+`voice` measures length and style against each user's own history, `compare` bounds SpecSteer's
+paired differences to each baseline, `report` turns results into the papers' tables, those
+measures and a quality-vs-speed plot. Nothing here changes
 how a method decodes: it measures `specsteer.device.decode` as an app would call it.
 """
 

@@ -5,7 +5,10 @@ BM25 top-k records, renders the prompt with and without them in the Specialist's
 and runs each selected method with `device.decode`. Collaborative methods talk to an in-process
 companion (`LocalChannel`: the same frames as the network), so bytes and round trips are those a
 deployment would pay; an optional emulated round-trip time is slept on every companion reply.
-Rows go to `results.jsonl` one by one, so an interrupted run resumes where it stopped.
+Every method decodes under the same length bounds: the user's length policy (from the retrieved
+history, as the device applies it) capped by `max_new_tokens`, so no method is cut shorter or
+allowed longer than another. Rows carry ROUGE, the length ratio and the style similarity
+(`voice`). Rows go to `results.jsonl` one by one, so an interrupted run resumes where it stopped.
 It must not change what any method outputs: it calls `decode` and measures (pipelined drafting
 is off by default and the LLM baseline's unused device session gets the public prompt, neither of
 which changes a token).
@@ -23,6 +26,7 @@ from typing import Any
 
 from specsteer.device import LOCAL_METHODS, METHODS, DecodeStats, DevicePrompt, Params, decode
 from specsteer.history import prompts
+from specsteer.history.length import LengthPolicy
 from specsteer.history.store import HistoryStore
 from specsteer.link import CompanionLink, FrameChannel
 from specsteer.runtime.base import LanguageModel
@@ -31,6 +35,7 @@ from specsteer_companion.local import LocalChannel
 from specsteer_companion.verifier import Verifier
 from specsteer_lab.eval.data import EvalError, Example
 from specsteer_lab.eval.metrics import rouge
+from specsteer_lab.eval.voice import Voices
 
 DEFAULT_METHODS = ("slm", "slm_rag", "llm", "speculative", "light_costeer", "costeer",
                    "specsteer@1.0", "specsteer@0.5", "specsteer@0.1")
@@ -99,6 +104,10 @@ class EvalConfig:
     retrieve_k: int = 5
     rtt_ms: float = 0.0
     max_prompt_tokens: int = prompts.DEFAULT_MAX_PROMPT_TOKENS
+    min_example_tokens: int = prompts.DEFAULT_MIN_EXAMPLE_TOKENS
+    # Every method gets the user's length policy (min/max new tokens from the history) under
+    # max_new_tokens; off: no minimum and max_new_tokens for all.
+    user_length: bool = True
     draft_k: int = 4  # drafted tokens per round (the paper's K)
     alpha: float = 1.0
     top_k: int = 64  # sparse candidates per recovery / row
@@ -108,9 +117,16 @@ class EvalConfig:
     # bets' drafting to SpecSteer's and speculative decoding's time. Output is the same.
     pipeline: bool = False
 
-    def params(self, spec: MethodSpec) -> Params:
+    def bounds(self, length: LengthPolicy | None) -> tuple[int, int]:
+        """(min, max) new tokens of every method for a user with this length policy."""
+        if not self.user_length or length is None:
+            return 0, self.max_new_tokens
+        return length.clamp(self.max_new_tokens)
+
+    def params(self, spec: MethodSpec, length: LengthPolicy | None = None) -> Params:
+        low, high = self.bounds(length)
         return Params(method=spec.method, gamma=spec.gamma, alpha=self.alpha, k=self.draft_k,
-                      top_k=self.top_k, max_new_tokens=self.max_new_tokens,
+                      top_k=self.top_k, max_new_tokens=high, min_new_tokens=low,
                       costeer_iterations=self.costeer_iterations, pipeline=self.pipeline,
                       warm_start=False)  # the method's own text: no timing-dependent start
 
@@ -156,6 +172,7 @@ class Prepared:
     device: DevicePrompt
     records: tuple[str, ...]
     truncated: tuple[str, ...]
+    length: LengthPolicy | None = None  # the user's length policy from the retrieved records
 
 
 class Harness:
@@ -187,14 +204,15 @@ class Harness:
             store.close()
         prompt = prompts.build_prompt(example.task, example.query, hits,
                                       count_tokens=tokenizer.count,
-                                      max_prompt_tokens=self.config.max_prompt_tokens)
+                                      max_prompt_tokens=self.config.max_prompt_tokens,
+                                      min_example_tokens=self.config.min_example_tokens)
 
         def ids(private: bool) -> list[int]:
             chat = [Message(m["role"], m["content"]) for m in prompt.messages(private=private)]
             return tokenizer.chat_ids(chat)
 
         return Prepared(DevicePrompt(private_ids=ids(True), public_ids=ids(False)),
-                        prompt.records, prompt.truncated)
+                        prompt.records, prompt.truncated, prompt.length)
 
     def _link(self) -> tuple[CompanionLink, MeteredChannel]:
         channel = MeteredChannel(LocalChannel.for_verifier(self.verifier), self.config.rtt_ms)
@@ -203,9 +221,11 @@ class Harness:
                    specialist_sha256=self.specialist.sha256)
         return link, channel
 
-    def run(self, example: Example, prepared: Prepared, spec: MethodSpec) -> dict[str, Any]:
-        """One generation of `spec` on `example`, measured; returns a results row."""
-        params = self.config.params(spec)
+    def run(self, example: Example, prepared: Prepared, spec: MethodSpec,
+            voices: Voices | None = None) -> dict[str, Any]:
+        """One generation of `spec` on `example`, measured; returns a results row (with the
+        length ratio and style similarity when `voices` of the run's users are given)."""
+        params = self.config.params(spec, prepared.length)
         prompt = prepared.device
         if spec.method == "llm":  # the baseline never uses c; keep the device's shadow work small
             prompt = DevicePrompt(private_ids=prompt.public_ids, public_ids=prompt.public_ids)
@@ -248,6 +268,9 @@ class Harness:
             "gold": example.gold,
             "rouge1": scores.rouge1,
             "rougeL": scores.rougeL,
+            **(voices.measure(example.user, text) if voices is not None else {}),
+            "min_new_tokens": params.min_new_tokens,
+            "max_new_tokens": params.max_new_tokens,
             "tokens": n,
             "tokens_per_s": n / effective if effective > 0 else 0.0,
             "decode_tokens_per_s": (n - 1) / (effective - effective_ttft)
@@ -345,11 +368,13 @@ def run_eval(harness: Harness, examples: Sequence[Example], methods: Sequence[Me
 
     Yields the new rows; `progress(example, method, row)` is called after each generation
     (row None when it was already there). Duplicate user names are a data error: the resume
-    key is (user, method).
+    key is (user, method). Style similarity compares each output with the other users of
+    `examples`.
     """
     users = [example.user for example in examples]
     if len(set(users)) != len(users):
         raise EvalError("two examples share a user name; resume needs unique users")
+    voices = Voices(examples)
     path = Path(results)
     _drop_partial_line(path)
     done = {row_key(row) for row in read_results(path)}
@@ -363,7 +388,7 @@ def run_eval(harness: Harness, examples: Sequence[Example], methods: Sequence[Me
                     if progress is not None:
                         progress(example, spec, None)
                     continue
-                row = harness.run(example, prepared, spec)
+                row = harness.run(example, prepared, spec, voices)
                 sink.write(json.dumps(row, ensure_ascii=False) + "\n")
                 sink.flush()
                 done.add(row_key(row))

@@ -1,5 +1,6 @@
-"""Summaries of a results.jsonl: a Markdown table in the shape of the papers' Tables 2 and 4, and
-a quality-versus-speed plot.
+"""Summaries of a results.jsonl: a Markdown table in the shape of the papers' Tables 2 and 4, the
+measures a user would feel (length ratio, style margin), SpecSteer's paired differences to each
+baseline with 95 % intervals (`compare`), the same as JSON, and a quality-versus-speed plot.
 
 Speed-ups are always over the LLM baseline *of the same run* (same machine, same users, same
 settings): comparing with numbers from another run or another machine is meaningless. Owns no
@@ -9,12 +10,14 @@ measurement: it only aggregates rows written by the harness.
 from __future__ import annotations
 
 import os
+import statistics
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from specsteer.device import METHODS
+from specsteer_lab.eval.compare import differences_table, specsteer_differences
 
 _NAMES = {
     "slm": "SLM",
@@ -46,6 +49,9 @@ class MethodSummary:
     bytes_up_per_token: float
     bytes_down_per_token: float
     speedup: float | None = None  # tokens/s over the LLM's tokens/s in the same run
+    length_ratio: float | None = None  # median over users of output words / user's median words
+    style_own: float | None = None  # mean cosine with the user's own history (n-gram profile)
+    style_margin: float | None = None  # mean of own minus other users' cosine
 
     @property
     def name(self) -> str:
@@ -56,6 +62,18 @@ class MethodSummary:
 def _order(label: str, base: str, gamma: float | None) -> tuple[int, float, str]:
     rank = METHODS.index(base) if base in METHODS else len(METHODS)
     return rank, -(gamma or 0.0), label
+
+
+def _present(group: Sequence[Mapping[str, Any]], key: str) -> list[float]:
+    return [float(r[key]) for r in group if r.get(key) is not None]
+
+
+def _median(values: Sequence[float]) -> float | None:
+    return statistics.median(values) if values else None
+
+
+def _mean(values: Sequence[float]) -> float | None:
+    return statistics.fmean(values) if values else None
 
 
 def summarize(rows: Sequence[Mapping[str, Any]]) -> list[MethodSummary]:
@@ -89,6 +107,9 @@ def summarize(rows: Sequence[Mapping[str, Any]]) -> list[MethodSummary]:
             bytes_up_per_token=sum(int(r["bytes_up"]) for r in group) / tokens if tokens else 0.0,
             bytes_down_per_token=sum(int(r["bytes_down"]) for r in group) / tokens
             if tokens else 0.0,
+            length_ratio=_median(_present(group, "length_ratio")),
+            style_own=_mean(_present(group, "style_own")),
+            style_margin=_mean(_present(group, "style_margin")),
         ))
     llm = next((s for s in summaries if s.base_method == "llm"), None)
     if llm is not None and llm.tokens_per_s > 0:
@@ -125,6 +146,17 @@ def markdown_table(summaries: Sequence[MethodSummary]) -> str:
     return "\n".join(lines)
 
 
+def voice_table(summaries: Sequence[MethodSummary]) -> str:
+    """What a user would feel: quality, length against their own and style against others'."""
+    lines = ["| Method | n | ROUGE-1 | ROUGE-L | median length ratio | style: own | style margin |",
+             "|---|---|---|---|---|---|---|"]
+    for s in summaries:
+        lines.append(f"| {s.name} | {s.n} | {s.rouge1 * 100:.2f} | {s.rougeL * 100:.2f} "
+                     f"| {_fmt(s.length_ratio)} | {_fmt(s.style_own, 3)} "
+                     f"| {_fmt(s.style_margin, 3, '')} |")
+    return "\n".join(lines)
+
+
 def gamma_table(summaries: Sequence[MethodSummary]) -> str:
     """Table 4's ablation: SpecSteer's acceptance and speed-up as gamma falls."""
     rows = [s for s in summaries if s.base_method == "specsteer"]
@@ -149,6 +181,11 @@ def render_report(rows: Sequence[Mapping[str, Any]], config: Mapping[str, Any] |
             "draft_k", "alpha", "top_k", "max_prompt_tokens") if key in config)
         parts += [f"Setup: {setup}; {len(users)} users.", ""]
     parts += [markdown_table(summaries), ""]
+    parts += ["## What a user would feel", "", voice_table(summaries), ""]
+    names = {s.label: s.name for s in summaries}
+    differences = differences_table(specsteer_differences(rows), names)
+    if differences:
+        parts += ["## SpecSteer minus each baseline (paired over users)", "", differences, ""]
     ablation = gamma_table(summaries)
     if ablation:
         parts += ["## SpecSteer verification threshold", "", ablation, ""]
@@ -163,8 +200,28 @@ def render_report(rows: Sequence[Mapping[str, Any]], config: Mapping[str, Any] |
         "companion (the handshake excluded). LLM times exclude the Specialist work the decoding "
         "loop runs alongside but that baseline does not use.",
         "",
+        "Median length ratio: the median over users of the output's words over the user's "
+        "median words in their own history texts (1.00 = typical; below 0.50 reads as cut "
+        "short). Style: cosine of the output's character 3–5-gram profile with the user's own "
+        "history; margin: that minus the mean cosine with the other users' histories in this "
+        "run (> 0: reads more like its user than like the others). Differences: mean of "
+        "SpecSteer minus the baseline over the users both ran on, in ROUGE points, with the "
+        "paired bootstrap 95 % interval (2000 resamples of users, seed 0); * marks an interval "
+        "that excludes 0.",
+        "",
     ]
     return "\n".join(parts)
+
+
+def report_json(rows: Sequence[Mapping[str, Any]],
+                config: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The report's numbers as JSON: setup, per-method summaries and the paired differences."""
+    return {
+        "config": dict(config or {}),
+        "users": len({str(r["user"]) for r in rows}),
+        "methods": [{**asdict(s), "name": s.name} for s in summarize(rows)],
+        "differences": [d.as_dict() for d in specsteer_differences(rows)],
+    }
 
 
 def plot_quality_vs_speed(rows: Sequence[Mapping[str, Any]],

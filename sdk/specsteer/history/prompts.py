@@ -21,6 +21,7 @@ from datetime import date, datetime
 from typing import TYPE_CHECKING
 
 from specsteer.errors import InvalidQuery, PromptTooLong, UnknownTask
+from specsteer.history.clean import own_words
 from specsteer.history.length import LengthPolicy, length_policy
 from specsteer.history.records import Hit, Record
 from specsteer.history.shared import LAMP7_INSTRUCTION
@@ -33,10 +34,17 @@ DEFAULT_SYSTEM = (
     "and nothing else."
 )
 DEFAULT_MAX_PROMPT_TOKENS = 1024
+# A cut example shorter than this shows the user's opening, not their voice: when the budget
+# would cut examples below it, fewer (lower-ranked ones left out) and longer examples are kept.
+DEFAULT_MIN_EXAMPLE_TOKENS = 96
 # Chat markup around each message (ChatML: "<|im_start|>", role, newline, "<|im_end|>", newline).
 MESSAGE_OVERHEAD_TOKENS = 5
 ELLIPSIS = "…"
 _WORD_END = re.compile(r"\S+")
+_SENTENCE_END = re.compile(r"[.!?][\"')\]]*(?=\s)")
+# A cut at a sentence end is kept when it keeps at least this share of what would fit: the
+# example then reads as a whole text (a model copies a trailing ellipsis as the way to stop).
+SENTENCE_CUT_SHARE = 0.5
 _ONLY = "no title, no heading, no placeholders in brackets, no comments before or after it"
 
 
@@ -60,6 +68,8 @@ class Task:
     # turn of the task. The body is the record's truncatable part, in the request or the answer.
     example: Callable[[Record, str], tuple[str, str]]
     answer: Callable[[Record], str] = lambda record: record.body  # whole text, for its length
+    # What of a text is the user's own writing (mail: no quotes, attributions, signature).
+    own_text: Callable[[str], str] = lambda text: text
     aliases: Mapping[str, str] = field(default_factory=dict)  # other key -> field
 
 
@@ -150,11 +160,23 @@ def _tweet_of(value: str) -> str:
 
 
 def _email_request(q: Mapping[str, str]) -> str:
-    text = f"Write your message with the subject {_quoted(q['subject'])}"
+    subject = _quoted(q["subject"])
+    if q.get("newsgroup"):  # a post to a group, read by many: not a letter to one person
+        thread = _strip_reply(q["subject"]) != q["subject"]
+        what = f"follow-up post in the thread {_quoted(_strip_reply(q['subject']))}" if thread \
+            else f"post with the subject {subject}"
+        # "the post you sent": an artifact of the user's to reproduce, not an opinion asked of
+        # the assistant (asked for "your own view", the models answered "As an AI ...").
+        return (
+            f"Write the {what} that you sent to the newsgroup {q['newsgroup'].strip()}, in the "
+            "first person, as its author. Reply with the text of the post only, usually one to "
+            "four paragraphs: no subject line, no greeting such as \"Dear ...\", no quoted "
+            "lines, no sign-off, no placeholders in square brackets, no comments before or "
+            "after it."
+        )
+    text = f"Write your message with the subject {subject}"
     if q.get("to"):
         text += f" to {q['to'].strip()}"
-    if q.get("newsgroup"):
-        text += f" for the newsgroup {q['newsgroup'].strip()}"
     return text + (
         ". Reply with the body of the message only, usually one to four short paragraphs: no "
         "subject line, no greeting or signature placeholders in square brackets, no "
@@ -265,6 +287,7 @@ _TASKS: dict[str, Task] = {
             request=_email_request,
             search_text=lambda q: _strip_reply(q["subject"]),
             example=_email_example,
+            own_text=own_words,
             aliases={"title": "subject"},
         ),
         Task(
@@ -287,6 +310,7 @@ _TASKS: dict[str, Task] = {
             request=_reply_request,
             search_text=lambda q: f"{_strip_reply(q.get('subject', ''))} {q['message']}",
             example=_email_example,  # the user's own messages: their voice when writing back
+            own_text=own_words,
             aliases={"text": "message", "body": "message"},
         ),
     )
@@ -347,17 +371,32 @@ def private_request_text(request: str, items: str, length: LengthPolicy | None) 
 
 
 def _truncate(text: str, limit: int, count_tokens: Callable[[str], int]) -> str:
-    """The longest word-prefix of `text` that, with an ellipsis, counts at most `limit`."""
+    """`text` cut to count at most `limit`: at the last sentence end that fits when that keeps
+    at least half of what fits (no mark), else the longest word-prefix with an ellipsis."""
+    fitted = _word_prefix(text, limit, count_tokens, ellipsis=False)
+    ends = [match.end() for match in _SENTENCE_END.finditer(fitted)]
+    if ends and ends[-1] >= SENTENCE_CUT_SHARE * len(fitted) \
+            and count_tokens(text[: ends[-1]]) <= limit:
+        return text[: ends[-1]]
+    return _word_prefix(text, limit, count_tokens, ellipsis=True)
+
+
+def _word_prefix(text: str, limit: int, count_tokens: Callable[[str], int], *,
+                 ellipsis: bool) -> str:
+    """The longest word-prefix of `text` that (with an ellipsis if asked) counts <= `limit`."""
+    mark = f" {ELLIPSIS}" if ellipsis else ""
     ends = [match.end() for match in _WORD_END.finditer(text)]
     low, high = 0, len(ends) - 1  # words kept; len(ends) itself would not need truncation
     while low < high:
         middle = (low + high + 1) // 2
-        if count_tokens(f"{text[: ends[middle - 1]]} {ELLIPSIS}") <= limit:
+        if count_tokens(f"{text[: ends[middle - 1]]}{mark}") <= limit:
             low = middle
         else:
             high = middle - 1
     if low:
-        return f"{text[: ends[low - 1]]} {ELLIPSIS}"
+        return f"{text[: ends[low - 1]]}{mark}"
+    if not ellipsis:
+        return ""
     return ELLIPSIS if count_tokens(ELLIPSIS) <= limit else ""
 
 
@@ -409,6 +448,7 @@ def build_prompt(
     count_tokens: Callable[[str], int] = whitespace_tokens,
     max_prompt_tokens: int = DEFAULT_MAX_PROMPT_TOKENS,
     per_record_tokens: int | None = None,
+    min_example_tokens: int = DEFAULT_MIN_EXAMPLE_TOKENS,
     system: str = DEFAULT_SYSTEM,
 ) -> Prompt:
     """The task's prompt with and without the retrieved records, fitted to a token budget.
@@ -418,16 +458,32 @@ def build_prompt(
     kept when it fits; bodies share the remaining budget (short ones whole, long ones cut with
     an ellipsis, listed in `truncated`); when even the requests do not fit, the lowest-ranked
     records are left out and listed in `dropped`. `per_record_tokens` caps each body even when
-    the budget would allow more. `length` is measured on the retrieved records' whole texts.
+    the budget would allow more. When cutting would leave an example body shorter than
+    `min_example_tokens` (or its whole text, if shorter), the lowest-ranked records are left out
+    (`dropped`) until the rest get that much: fewer, longer examples. Only the user's own words of
+    a record are shown (the task's `own_text`: for mail, without quotes, attributions and
+    signature; the stored record is untouched); a record with none is left out. `length` is
+    measured on the retrieved records' own texts, whole.
     """
     spec = get_task(task)
+    if min_example_tokens < 0:
+        raise ValueError(f"min_example_tokens must be >= 0, not {min_example_tokens}")
     request = spec.request(_query_fields(spec, query))
     records: list[Record] = []
+    own: dict[str, str] = {}  # record id -> the user's own words of its body
+    ranked: list[str] = []
     for hit in hits:
         record = hit.record if isinstance(hit, Hit) else hit
-        if record.id not in {kept.id for kept in records}:
+        if record.id in own or record.id in ranked:
+            continue
+        ranked.append(record.id)
+        text = spec.own_text(record.body)
+        if text.strip():
             records.append(record)
-    length = length_policy([spec.answer(record) for record in records], count_tokens)
+            own[record.id] = text
+    length = length_policy(
+        [spec.own_text(spec.answer(record)) for record in records], count_tokens
+    )
     final = private_request_text(request, spec.items, length)
     renderer = _Renderer(spec, request, final, system, count_tokens)
     public = renderer.tokens([])
@@ -436,18 +492,24 @@ def build_prompt(
             f"the {task} request alone counts {public} tokens, over max_prompt_tokens="
             f"{max_prompt_tokens}; raise the budget or shorten the query"
         )
-    ranked = [record.id for record in records]
     while records and renderer.tokens([(r, "") for r in records]) > max_prompt_tokens:
         records.pop()
-    needs = [count_tokens(record.body) for record in records]
-    caps = [need if per_record_tokens is None else min(need, per_record_tokens) for need in needs]
-    shares = _fair_shares(caps, max_prompt_tokens - renderer.tokens([(r, "") for r in records]))
+    while True:
+        needs = [count_tokens(own[record.id]) for record in records]
+        caps = [need if per_record_tokens is None else min(need, per_record_tokens)
+                for need in needs]
+        room = max_prompt_tokens - renderer.tokens([(r, "") for r in records])
+        shares = _fair_shares(caps, room)
+        floor = [min(cap, min_example_tokens) for cap in caps]
+        if len(records) <= 1 or all(map(int.__ge__, shares, floor)):
+            break
+        records.pop()  # too many examples for the budget: the lowest-ranked one goes
 
     def body(index: int) -> str:
-        record = records[index]
+        text = own[records[index].id]
         if shares[index] >= needs[index]:
-            return record.body
-        return _truncate(record.body, shares[index], count_tokens)
+            return text
+        return _truncate(text, shares[index], count_tokens)
 
     entries = [(record, body(index)) for index, record in enumerate(records)]
     # Real tokenizers are not additive across joins: shrink the largest body until it fits.
@@ -471,7 +533,7 @@ def build_prompt(
         with_context=f"{context}\n\nUser: {private_request}" if context else request,
         system=system,
         records=tuple(record.id for record, _ in entries),
-        truncated=tuple(record.id for record, text in entries if text != record.body),
+        truncated=tuple(record.id for record, text in entries if text != own[record.id]),
         dropped=tuple(record_id for record_id in ranked if record_id not in used),
         tokens=renderer.tokens(entries),
         budget=max_prompt_tokens,
