@@ -87,13 +87,14 @@ def companion_main(argv: list[str]) -> None:
                 f.write(json.dumps({**asdict(st), "coverage": st.coverage}) + "\n")
 
     class Recording(Verifier):
-        def open(self, request):  # type: ignore[override]
+        def open(self, request, committed=()):  # type: ignore[override]
             if s.tokenizer.vocab_hash != g.tokenizer.vocab_hash:
-                return Logged(CrossVerifierSession(self, request, tail=args.tail,
+                return Logged(CrossVerifierSession(self, request, committed=committed,
+                                                   tail=args.tail,
                                                    recovery=args.recovery, heal=args.heal,
                                                    in_context=args.in_context,
                                                    lookahead=args.lookahead))
-            return super().open(request)
+            return super().open(request, committed)
 
     server = CompanionServer(Recording(g, s), ServerConfig(host="127.0.0.1", port=0, workers=1))
     asyncio.run(server.serve(lambda port: print(f"companion ready: ws://127.0.0.1:{port}",

@@ -52,8 +52,8 @@ class _Capturing(Verifier):
 
     last: CrossVerifierSession | None = None
 
-    def open(self, request):  # type: ignore[override]
-        session = super().open(request)
+    def open(self, request, committed=()):  # type: ignore[override]
+        session = super().open(request, committed)
         if isinstance(session, CrossVerifierSession):
             type(self).last = session
         return session
@@ -142,8 +142,8 @@ def test_identical_models_accept_almost_everything_through_the_text_path(smollm)
     """
 
     class Forced(Verifier):
-        def open(self, request):  # type: ignore[override]
-            return CrossVerifierSession(self, request)
+        def open(self, request, committed=()):  # type: ignore[override]
+            return CrossVerifierSession(self, request, committed=committed)
 
     client = Client(smollm, history=None,
                     companion=lambda: LocalChannel.for_verifier(Forced(smollm, smollm)))

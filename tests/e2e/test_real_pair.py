@@ -65,10 +65,12 @@ def test_real_pair_networked_equals_in_process_and_keeps_the_canary(pair, sender
         companion=lambda: LocalChannel.for_verifier(verifier),
         tap=lambda d, f: frames.append((d, f)),
     )
-    # no pipelining: how far a device drafts ahead depends on when the verdict lands, so
-    # rounds (and bytes) are only reproducible across transports without it
+    # no pipelining and no warm start: how far a device drafts ahead depends on when the
+    # verdict lands, and when a warm start switches on when the prefill ends, so rounds (and
+    # bytes) are only reproducible across transports without them
     expected = local.generate(
-        user.query, task=user.task, max_new_tokens=24, gamma=0.1, offline="fail", pipeline=False
+        user.query, task=user.task, max_new_tokens=24, gamma=0.1, offline="fail", pipeline=False,
+        warm_start=False,
     )
     assert CANARY in expected.prompt.with_context
     assert_canary_not_sent(specialist.tokenizer, frames, CANARY)
@@ -79,7 +81,7 @@ def test_real_pair_networked_equals_in_process_and_keeps_the_canary(pair, sender
         remote = Client(specialist, history=store, companion=url, max_prompt_tokens=384)
         got = remote.generate(
             user.query, task=user.task, max_new_tokens=24, gamma=0.1, offline="fail",
-            pipeline=False,
+            pipeline=False, warm_start=False,
         )
     assert got.tokens == expected.tokens
     assert (got.stats.bytes_up, got.stats.bytes_down) == (
