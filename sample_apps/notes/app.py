@@ -71,6 +71,7 @@ def main(argv: list[str] | None = None) -> None:
         max_new_tokens=args.max_new_tokens or (120 if args.real else 240),
         min_token_s=(args.min_token_ms if args.min_token_ms is not None
                      else 0.0 if args.real else 25.0) / 1000,
+        reply_timeout_s=30.0 if args.real else 4.0,
     )
     server = serve(engine, port=args.port)
     url = f"http://127.0.0.1:{server.server_address[1]}"

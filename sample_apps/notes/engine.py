@@ -45,11 +45,14 @@ class NotesEngine:
 
     def __init__(self, specialist: LanguageModel, store: HistoryStore, settings: Settings, *,
                  max_new_tokens: int = 160, min_token_s: float = 0.0,
-                 retry_s: tuple[float, float] = (0.5, 2.0)) -> None:
+                 retry_s: tuple[float, float] = (0.5, 2.0), reply_timeout_s: float = 4.0) -> None:
         self.specialist = specialist
         self.store = store
         self.settings = settings
         self.max_new_tokens = max_new_tokens
+        # how long a silent companion is waited for before the note goes on locally: short for
+        # the tiny models, longer for the real pair (its first round prefills the 1.5B)
+        self.reply_timeout_s = reply_timeout_s
         self.min_token_s = min_token_s
         self.policy = OfflinePolicy("degrade", first_retry_s=retry_s[0], max_retry_s=retry_s[1])
         self.mode = "local" if not settings.companion else "unknown"
@@ -133,7 +136,7 @@ class NotesEngine:
     def _client(self) -> Client:
         return Client(self.specialist, history=self.store,
                       companion=self.settings.companion or None, token=self.settings.token,
-                      timeout_s=4.0, connect_timeout_s=2.0, tap=self._tap)
+                      timeout_s=self.reply_timeout_s, connect_timeout_s=2.0, tap=self._tap)
 
     def continue_note(self, title: str, emit: Emit) -> None:
         """Stream a continuation for the note titled `title` through `emit(event, data)`:
