@@ -77,3 +77,36 @@ function tokenSpan(text, provenance) {
   span.textContent = text;
   return span;
 }
+
+// Stream a suggestion from the app's server-sent events into #suggestion-text: pieces coloured
+// by provenance, a line where the link was lost or came back, and `finish(summary)` at the end.
+function streamSuggestion(url, state, finish) {
+  const es = new EventSource(url);
+  state.stream = es;
+  es.addEventListener("piece", (e) => {
+    const p = JSON.parse(e.data);
+    $("suggestion-text").appendChild(tokenSpan(p.text, p.provenance));
+    $("suggestion").scrollTop = $("suggestion").scrollHeight;
+  });
+  es.addEventListener("mode", (e) => {
+    const m = JSON.parse(e.data);
+    setBadge($("badge"), m.mode, m.reason);
+    if ($("suggestion-text").childNodes.length) {
+      const line = document.createElement("span");
+      line.className = "modeline";
+      line.textContent = m.mode === "local" ? `— companion lost (${m.reason}); the on-device model goes on —`
+        : "— companion back; steering resumes —";
+      $("suggestion-text").appendChild(line);
+    }
+  });
+  es.addEventListener("done", (e) => {
+    const s = JSON.parse(e.data);
+    finish(`${s.tokens} tokens · ${(s.acceptance_rate * 100).toFixed(0)}% drafts accepted · ${s.bytes_up + s.bytes_down} bytes on the wire`
+      + (s.degraded ? " · partly offline" : ""));
+  });
+  es.addEventListener("cancelled", () => finish("cancelled"));
+  es.addEventListener("failed", (e) => finish(`failed: ${JSON.parse(e.data).error}`));
+  es.onerror = () => { if (state.generating) finish("connection to the app lost"); };
+  return es;
+}
+

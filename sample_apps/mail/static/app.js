@@ -107,32 +107,7 @@ function startDraft() {
   $("cancel").hidden = false;
   const q = state.replyTo ? `reply_to=${encodeURIComponent(state.replyTo.id)}`
     : `subject=${encodeURIComponent($("c-subject").value)}&to=${encodeURIComponent($("c-to").value)}`;
-  const es = new EventSource(`/api/draft?${q}`);
-  state.stream = es;
-  es.addEventListener("piece", (e) => {
-    const p = JSON.parse(e.data);
-    $("suggestion-text").appendChild(tokenSpan(p.text, p.provenance));
-    $("suggestion").scrollTop = $("suggestion").scrollHeight;
-  });
-  es.addEventListener("mode", (e) => {
-    const m = JSON.parse(e.data);
-    setBadge($("badge"), m.mode, m.reason);
-    if ($("suggestion-text").childNodes.length) {
-      const line = document.createElement("span");
-      line.className = "modeline";
-      line.textContent = m.mode === "local" ? `— companion lost (${m.reason}); the on-device model goes on —`
-        : "— companion back; steering resumes —";
-      $("suggestion-text").appendChild(line);
-    }
-  });
-  es.addEventListener("done", (e) => {
-    const s = JSON.parse(e.data);
-    finish(`${s.tokens} tokens · ${(s.acceptance_rate * 100).toFixed(0)}% drafts accepted · ${s.bytes_up + s.bytes_down} bytes on the wire`
-      + (s.degraded ? " · partly offline" : ""));
-  });
-  es.addEventListener("cancelled", () => finish("cancelled"));
-  es.addEventListener("failed", (e) => finish(`failed: ${JSON.parse(e.data).error}`));
-  es.onerror = () => { if (state.generating) finish("connection to the app lost"); };
+  streamSuggestion(`/api/draft?${q}`, state, finish);
 }
 
 function finish(text) {

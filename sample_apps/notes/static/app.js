@@ -77,32 +77,7 @@ function startContinuation() {
     $("accept").disabled = true;
     $("continue").disabled = true;
     $("cancel").hidden = false;
-    const es = new EventSource(`/api/continue?title=${encodeURIComponent($("title").value)}`);
-    state.stream = es;
-    es.addEventListener("piece", (e) => {
-      const p = JSON.parse(e.data);
-      $("suggestion-text").appendChild(tokenSpan(p.text, p.provenance));
-      $("suggestion").scrollTop = $("suggestion").scrollHeight;
-    });
-    es.addEventListener("mode", (e) => {
-      const m = JSON.parse(e.data);
-      setBadge($("badge"), m.mode, m.reason);
-      if ($("suggestion-text").childNodes.length) {
-        const line = document.createElement("span");
-        line.className = "modeline";
-        line.textContent = m.mode === "local" ? `— companion lost (${m.reason}); the on-device model goes on —`
-          : "— companion back; steering resumes —";
-        $("suggestion-text").appendChild(line);
-      }
-    });
-    es.addEventListener("done", (e) => {
-      const s = JSON.parse(e.data);
-      finish(`${s.tokens} tokens · ${(s.acceptance_rate * 100).toFixed(0)}% drafts accepted · ${s.bytes_up + s.bytes_down} bytes on the wire`
-        + (s.degraded ? " · partly offline" : ""));
-    });
-    es.addEventListener("cancelled", () => finish("cancelled"));
-    es.addEventListener("failed", (e) => finish(`failed: ${JSON.parse(e.data).error}`));
-    es.onerror = () => { if (state.generating) finish("connection to the app lost"); };
+    streamSuggestion(`/api/continue?title=${encodeURIComponent($("title").value)}`, state, finish);
   };
   // save first: the note being written is part of the private context the Specialist reads
   ($("title").value || $("body").value ? save() : Promise.resolve()).then(go, (err) => say(err.message));
