@@ -20,6 +20,7 @@ from specsteer.steer import (
     log_softmax,
     pick,
     ratio_accept_count,
+    repeated_ngram_bans,
     sample_index,
     sparse_steer,
     token_logprobs,
@@ -433,3 +434,13 @@ def test_sparse_steer_top_p_is_a_prefix_of_top_k() -> None:
     assert 1 <= n < 64
     assert cut.ids.tolist() == full.ids.tolist()[:n]
     assert np.exp(g[cut.ids]).sum() >= 0.9 > np.exp(g[cut.ids[:-1]]).sum()
+
+
+def test_repeated_ngram_bans_names_the_tokens_that_would_repeat_an_ngram():
+    out = [5, 6, 7, 5, 6]  # "5 6" was followed by 7 once: 7 now repeats the 3-gram 5 6 7
+    assert repeated_ngram_bans(out, 3) == {7}
+    assert repeated_ngram_bans(out, 2) == {7}  # after 6 came 7
+    assert repeated_ngram_bans([1, 2, 1, 3, 1], 2) == {2, 3}
+    assert repeated_ngram_bans(out, 4) == frozenset()  # "7 5 6" never occurred before
+    assert repeated_ngram_bans(out, 0) == frozenset()
+    assert repeated_ngram_bans([9], 2) == frozenset()

@@ -42,6 +42,8 @@ class Params:
     # end-of-text is held back before this many tokens (the user's typical length, on the
     # device only: `Client` sets it from the history's length policy; never sent up)
     min_new_tokens: int = 0
+    # never repeat an n-gram of the output itself (0: off); device-only like min_new_tokens
+    no_repeat_ngram: int = 0
     seed: int = _WIRE.seed
     select: str = _WIRE.select  # or "difference" (METHOD.md: worse; kept to report it)
     # where P_S0 is computed: None = the companion when it hosts the generic Specialist, else the
@@ -79,6 +81,8 @@ class Params:
                              f"not {self.leak_guard!r}")
         if self.leak_guard_n < 2:
             raise ValueError("leak_guard_n must be at least 2")
+        if self.no_repeat_ngram < 0 or self.no_repeat_ngram == 1:
+            raise ValueError("no_repeat_ngram must be 0 (off) or at least 2")
         if self.adaptive_k and not 1 <= self.k <= self.k_max:
             raise ValueError("adaptive_k needs 1 <= k <= k_max")
 

@@ -35,6 +35,7 @@ __all__ = [
     "nucleus",
     "pick",
     "possible_only",
+    "repeated_ngram_bans",
     "ratio_accept_count",
     "ratio_accepts",
     "sample_index",
@@ -310,6 +311,22 @@ def forbid(row: np.ndarray, ids: frozenset[int] | Sequence[int]) -> np.ndarray:
     out = np.array(row, copy=True)
     out[np.fromiter(ids, dtype=np.int64)] = -np.inf
     return out
+
+
+def repeated_ngram_bans(output: Sequence[int], n: int) -> frozenset[int]:
+    """Tokens that would complete an n-gram already in `output` (none when n < 2).
+
+    Greedy decoding of small models loops ("The essay is written in a way ... The essay is
+    written in a way ..."); banning a repeat of any n-gram of the generation's own output (not
+    of the prompt, so the user's phrases stay reachable) stops a verbatim loop after n-1 tokens.
+    """
+    if n < 2 or len(output) < n:
+        return frozenset()
+    tail = list(output[len(output) - n + 1:])
+    return frozenset(
+        int(output[i + n - 1]) for i in range(len(output) - n + 1)
+        if list(output[i:i + n - 1]) == tail
+    )
 
 
 def without(steer: SparseSteer, ids: frozenset[int]) -> SparseSteer | None:

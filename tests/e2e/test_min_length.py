@@ -118,3 +118,35 @@ def test_client_writes_at_the_users_usual_length(tiny_model, tiny_generalist):
     policy = usual.prompt.length
     assert policy is not None and policy.min_new_tokens > 10
     assert policy.min_new_tokens <= len(usual.tokens) <= policy.max_new_tokens
+
+
+def _repeats(tokens: list[int], n: int) -> bool:
+    grams = [tuple(tokens[i:i + n]) for i in range(len(tokens) - n + 1)]
+    return len(grams) != len(set(grams))
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_no_repeat_ngram_keeps_every_method_out_of_loops(tiny_model, tiny_generalist, method):
+    free = _run(tiny_model, tiny_generalist, Params(method=method, max_new_tokens=60))
+    guarded = _run(tiny_model, tiny_generalist,
+                   Params(method=method, max_new_tokens=60, no_repeat_ngram=3))
+    assert not _repeats(guarded, 3)
+    if _repeats(free, 3):  # the rule changed something, so the text differs from the loop
+        assert guarded != free
+
+
+def test_the_tiny_models_do_loop_without_the_rule(tiny_model, tiny_generalist):
+    # keeps the test above meaningful: some method repeats a 3-gram when nothing stops it
+    assert any(_repeats(_run(tiny_model, tiny_generalist,
+                             Params(method=m, max_new_tokens=60)), 3) for m in METHODS)
+
+
+@pytest.mark.parametrize("pipeline", [True, False])
+def test_no_repeat_ngram_holds_in_draft_verify_recover_rounds(tiny_model, tiny_generalist,
+                                                              pipeline):
+    params = Params(max_new_tokens=200, pipeline=pipeline)
+    free = _run(tiny_model, tiny_generalist, params)
+    assert _repeats(free, 2)  # the rounds repeat a bigram when nothing stops them
+    guarded = _run(tiny_model, tiny_generalist,
+                   Params(max_new_tokens=200, pipeline=pipeline, no_repeat_ngram=2))
+    assert not _repeats(guarded, 2)

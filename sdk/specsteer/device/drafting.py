@@ -48,12 +48,13 @@ def draft(
     eos: frozenset[int],
     stop: Callable[[], bool] | None = None,
     into: Drafted | None = None,
-    eos_banned: int = 0,
+    banned: Callable[[list[int]], frozenset[int]] | None = None,
 ) -> Drafted:
     """Draft up to k tokens (`stop` cuts it short), or continue the draft `into` up to k.
 
-    An end-of-text draft is not appended to the session: nothing follows it. The first
-    `eos_banned` drafted positions cannot be end-of-text (the user's minimum length).
+    An end-of-text draft is not appended to the session: nothing follows it. `banned` gives,
+    for the tokens drafted so far, the ids the next one may not be (end-of-text before the
+    user's minimum length, a repeated n-gram).
     """
     drafted = into if into is not None else Drafted(local.length, [], [local.row])
     started, before = time.perf_counter(), len(drafted.tokens)
@@ -61,8 +62,8 @@ def draft(
         if stop is not None and drafted.tokens and stop():
             break
         row = drafted.rows[-1]
-        if len(drafted.tokens) < eos_banned:
-            row = steer.forbid(row, eos)
+        if banned is not None:
+            row = steer.forbid(row, banned(drafted.tokens))
         token = choose(row, temperature, rng)
         drafted.tokens.append(token)
         if token in eos:

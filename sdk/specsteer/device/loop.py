@@ -312,8 +312,10 @@ class _Generation:
         """The Specialist alone (local methods, offline-degraded mode): one round per token."""
         t0 = time.perf_counter()
         row = self.local.row
+        banned = steer.repeated_ngram_bans(self.out, self.params.no_repeat_ngram)
         if len(self.out) < self.params.min_new_tokens:
-            row = steer.forbid(row, self.eos)
+            banned |= self.eos
+        row = steer.forbid(row, banned)
         token = choose(row, self.params.temperature, self.rng)
         if token not in self.eos:
             self.local.push(token)

@@ -13,7 +13,7 @@ prompt plus every token yielded.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import numpy as np
 
@@ -153,8 +153,9 @@ class SteeredRounds:
         # the token cut off by "redact" may not come back at its own position
         withheld = self.withheld[1] if self.withheld and self.withheld[0] == n else None
         self.withheld = None
-        token = self._recover(verdict, current.rows[n], s0_row, [*self.text, *drafted[:n]],
-                              withheld, self._banned_at(self.produced + n))
+        context = [*self.text, *drafted[:n]]
+        token = self._recover(verdict, current.rows[n], s0_row, context,
+                              withheld, self._bans(self.produced + n, context))
         bet_won = None if self.ahead is None else n == len(drafted) and token == guess
         if self.sizer is not None and self.mode is Mode.SPECSTEER:
             self.k = self.sizer.observe(
@@ -181,19 +182,19 @@ class SteeredRounds:
         """This round's draft: the won bet, finished to full length, or a fresh one."""
         params = self.params
         size = budget(params, self.k, self.produced)
-        banned = self._eos_banned(self.produced)
+        banned = self._bans_after(self.produced, self.text)
         if self.ahead is None:
             if self.committed:
                 self.local.push(self.committed[-1])
             return draft(
-                self.local, size, params.temperature, self.rng, self.eos, eos_banned=banned
+                self.local, size, params.temperature, self.rng, self.eos, banned=banned
             )
         current, self.ahead = self.ahead, None
         # the bet was cut short when the verdict landed: finish it, so that a round's draft
         # (where its bonus falls, so the text) never depends on timing
         cut = len(current.tokens)
         draft(self.local, size, params.temperature, self.rng, self.eos, into=current,
-              eos_banned=banned)
+              banned=banned)
         if self.ahead_s0 is not None and len(current.tokens) > cut:
             assert self.s0 is not None
             extra = self.s0.extend(current.tokens[cut:])[1:]
@@ -253,7 +254,8 @@ class SteeredRounds:
         if not (self.pipeline and drafted and drafted[-1] not in self.eos):
             return None
         after = self.produced + len(drafted)
-        guess = int(np.argmax(steer.forbid(current.rows[-1], self._banned_at(after))))
+        guess = int(np.argmax(steer.forbid(
+            current.rows[-1], self._bans(after, [*self.text, *drafted]))))
         size = budget(self.params, self.k, after + 1)
         if guess in self.eos or size <= 0:
             return guess
@@ -261,19 +263,25 @@ class SteeredRounds:
         # stop betting as soon as the verdict is in: waiting on it is the hot path
         self.ahead = draft(
             self.local, size, self.params.temperature, self.rng, self.eos,
-            stop=self.link.reply_ready, eos_banned=self._eos_banned(after + 1),
+            stop=self.link.reply_ready,
+            banned=self._bans_after(after + 1, [*self.text, *drafted, guess]),
         )
         if self.s0 is not None and s0_rows is not None and not self.link.reply_ready():
             # same bet for P_S0: score [guess, *ahead] now, off the hot path
             self.ahead_s0 = self.s0.extend([guess, *self.ahead.tokens])
         return guess
 
-    def _eos_banned(self, produced: int) -> int:
-        """How many positions from `produced` on may not be end-of-text (minimum length)."""
-        return max(0, self.params.min_new_tokens - produced)
+    def _bans(self, position: int, context: list[int]) -> frozenset[int]:
+        """Ids the token at session `position` may not be, after the output `context`:
+        end-of-text before the minimum length, and a repeat of an output n-gram."""
+        eos = self.eos if position < self.params.min_new_tokens else frozenset()
+        return eos | steer.repeated_ngram_bans(context, self.params.no_repeat_ngram)
 
-    def _banned_at(self, position: int) -> frozenset[int]:
-        return self.eos if position < self.params.min_new_tokens else frozenset()
+    def _bans_after(
+        self, position: int, context: list[int]
+    ) -> Callable[[list[int]], frozenset[int]]:
+        """`_bans` for each next token of a draft that starts at `position` after `context`."""
+        return lambda drafted: self._bans(position + len(drafted), [*context, *drafted])
 
     def _recover(
         self,
@@ -356,10 +364,13 @@ def row_tokens(
                 scores = steer.costeer(
                     logp_g, logp_sc, logp_s0, iterations=params.costeer_iterations, beta=params.beta
                 )
+        banned = steer.repeated_ngram_bans(committed_all, params.no_repeat_ngram)
         if len(committed_all) < params.min_new_tokens:
-            scores = np.where(np.isin(ids, list(eos)), -np.inf, scores)
+            banned |= eos
+        if banned:
+            scores = np.where(np.isin(ids, list(banned)), -np.inf, scores)
         token = steer.pick(ids, scores, params.temperature, rng) \
-            if np.isfinite(scores).any() else int(np.argmax(steer.forbid(local.row, eos)))
+            if np.isfinite(scores).any() else int(np.argmax(steer.forbid(local.row, banned)))
         committed_all.append(token)
         stats.rounds += 1
         stats.device_s += time.perf_counter() - t1
