@@ -1,4 +1,6 @@
-// Shared by the sample apps: the badge and the "what left this device" panel.
+// Shared by the sample apps: their JSON API calls, the badge, the "what left this device" panel,
+// the settings dialog and the suggestion stream. Each app defines `$` and a `state` with a
+// `frames` counter and `generating`, and its own `refreshStatus`.
 "use strict";
 
 const FRAME_DETAIL = {
@@ -110,3 +112,41 @@ function streamSuggestion(url, state, finish) {
   return es;
 }
 
+async function api(path, options = {}) {
+  const res = await fetch(path, { headers: { "Content-Type": "application/json" }, ...options });
+  const data = await res.json();
+  if (!res.ok) throw new Error(data.error || res.statusText);
+  return data;
+}
+
+// Append the frames sent since the last call to the privacy panel.
+async function refreshFrames() {
+  const frames = await api(`/api/frames?since=${state.frames}`);
+  const list = $("frames");
+  for (const f of frames) list.appendChild(renderFrame(f));
+  state.frames += frames.length;
+  $("frame-count").textContent = state.frames;
+  if (frames.length && !$("privacy").hidden) list.scrollTop = list.scrollHeight;
+}
+
+async function openSettings() {
+  const settings = await api("/api/settings");
+  const form = $("settings-form");
+  form.companion.value = settings.companion;
+  form.token.value = settings.token;
+  form.preset.value = settings.preset;
+  $("settings-error").textContent = "";
+  $("settings").showModal();
+}
+
+async function saveSettings(event) {
+  if (event.submitter && event.submitter.value !== "save") return;
+  event.preventDefault();
+  const form = $("settings-form");
+  try {
+    await api("/api/settings", { method: "POST", body: JSON.stringify({
+      companion: form.companion.value, token: form.token.value, preset: form.preset.value }) });
+    $("settings").close();
+    refreshStatus();
+  } catch (err) { $("settings-error").textContent = err.message; }
+}

@@ -5,13 +5,6 @@ const $ = (id) => document.getElementById(id);
 const state = { folder: "inbox", inbox: [], sent: [], current: null, replyTo: null,
                 stream: null, generating: false, frames: 0 };
 
-async function api(path, options = {}) {
-  const res = await fetch(path, { headers: { "Content-Type": "application/json" }, ...options });
-  const data = await res.json();
-  if (!res.ok) throw new Error(data.error || res.statusText);
-  return data;
-}
-
 const short = (from) => (from || "").replace(/\s*<.*>\s*$/, "") || from;
 const day = (date) => (date || "").slice(0, 10);
 
@@ -135,7 +128,7 @@ function discard() {
   $("suggestion").hidden = true;
 }
 
-// ---------------------------------------------------------------- import, badge, privacy, settings
+// ---------------------------------------------------------------- import, badge (privacy panel and settings: shared_ui)
 async function importMbox() {
   const file = $("import").files[0];
   if (!file) return;
@@ -155,36 +148,6 @@ async function refreshStatus() {
     const s = await api("/api/status");
     setBadge($("badge"), s.mode, s.reason);
   } catch (err) { setBadge($("badge"), "unknown", err.message); }
-}
-
-async function refreshFrames() {
-  const frames = await api(`/api/frames?since=${state.frames}`);
-  for (const f of frames) $("frames").appendChild(renderFrame(f));
-  state.frames += frames.length;
-  $("frame-count").textContent = state.frames;
-  if (frames.length && !$("privacy").hidden) $("frames").scrollTop = $("frames").scrollHeight;
-}
-
-async function openSettings() {
-  const s = await api("/api/settings");
-  const form = $("settings-form");
-  form.companion.value = s.companion;
-  form.token.value = s.token;
-  form.preset.value = s.preset;
-  $("settings-error").textContent = "";
-  $("settings").showModal();
-}
-
-async function saveSettings(event) {
-  if (event.submitter && event.submitter.value !== "save") return;
-  event.preventDefault();
-  const form = $("settings-form");
-  try {
-    await api("/api/settings", { method: "POST", body: JSON.stringify({
-      companion: form.companion.value, token: form.token.value, preset: form.preset.value }) });
-    $("settings").close();
-    refreshStatus();
-  } catch (err) { $("settings-error").textContent = err.message; }
 }
 
 // ---------------------------------------------------------------- wiring

@@ -2,14 +2,7 @@
 "use strict";
 
 const $ = (id) => document.getElementById(id);
-const state = { notes: [], current: null, stream: null, frames: 0, generating: false, settings: {} };
-
-async function api(path, options = {}) {
-  const res = await fetch(path, { headers: { "Content-Type": "application/json" }, ...options });
-  const data = await res.json();
-  if (!res.ok) throw new Error(data.error || res.statusText);
-  return data;
-}
+const state = { notes: [], current: null, stream: null, frames: 0, generating: false };
 
 // ---------------------------------------------------------------- notes
 async function loadNotes() {
@@ -112,44 +105,13 @@ function discard() {
   $("suggestion").hidden = true;
 }
 
-// ---------------------------------------------------------------- badge, privacy, settings
+// ---------------------------------------------------------------- badge (privacy panel and settings: shared_ui)
 async function refreshStatus() {
   if (state.generating) return; // mode events drive the badge while writing
   try {
     const s = await api("/api/status");
     setBadge($("badge"), s.settings.companion ? s.mode : "none", s.reason);
   } catch (err) { setBadge($("badge"), "unknown", err.message); }
-}
-
-async function refreshFrames() {
-  const frames = await api(`/api/frames?since=${state.frames}`);
-  const list = $("frames");
-  for (const f of frames) list.appendChild(renderFrame(f));
-  state.frames += frames.length;
-  $("frame-count").textContent = state.frames;
-  if (frames.length && !$("privacy").hidden) list.scrollTop = list.scrollHeight;
-}
-
-async function openSettings() {
-  state.settings = await api("/api/settings");
-  const form = $("settings-form");
-  form.companion.value = state.settings.companion;
-  form.token.value = state.settings.token;
-  form.preset.value = state.settings.preset;
-  $("settings-error").textContent = "";
-  $("settings").showModal();
-}
-
-async function saveSettings(event) {
-  if (event.submitter && event.submitter.value !== "save") return;
-  event.preventDefault();
-  const form = $("settings-form");
-  try {
-    await api("/api/settings", { method: "POST", body: JSON.stringify({
-      companion: form.companion.value, token: form.token.value, preset: form.preset.value }) });
-    $("settings").close();
-    refreshStatus();
-  } catch (err) { $("settings-error").textContent = err.message; }
 }
 
 // ---------------------------------------------------------------- wiring
