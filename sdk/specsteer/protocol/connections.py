@@ -220,16 +220,7 @@ class DeviceConnection(_Connection):
         self._require(State.READY, State.SESSION, action="open a session")
         prompt = self._check_ids("prompt ids", prompt_ids, self.peer_limits.max_prompt_tokens)
         request = OpenSession(prompt, settings)
-        if settings.top_k > self.peer_limits.max_top_k:
-            raise ProtocolError(
-                ErrorCode.LIMIT_EXCEEDED,
-                f"top_k={settings.top_k} exceeds the companion's limit of "
-                f"{self.peer_limits.max_top_k}",
-            )
-        self._send_checked(request, self.peer_limits)
-        self.session = request
-        self.session_id = None
-        self.state = State.OPENING
+        self._start_session(request)
         return request
 
     def resume_session(
@@ -250,16 +241,21 @@ class DeviceConnection(_Connection):
             settings,
             round_,
         )
-        if settings.top_k > peer.max_top_k:
+        self._start_session(request)
+        return request
+
+    def _start_session(self, request: OpenSession | Resume) -> None:
+        """Send an OpenSession or a Resume within the companion's limits; await SessionOpened."""
+        if request.settings.top_k > self.peer_limits.max_top_k:
             raise ProtocolError(
                 ErrorCode.LIMIT_EXCEEDED,
-                f"top_k={settings.top_k} exceeds the companion's limit of {peer.max_top_k}",
+                f"top_k={request.settings.top_k} exceeds the companion's limit of "
+                f"{self.peer_limits.max_top_k}",
             )
-        self._send_checked(request, peer)
+        self._send_checked(request, self.peer_limits)
         self.session = request
         self.session_id = None
         self.state = State.OPENING
-        return request
 
     def send_draft(
         self,
