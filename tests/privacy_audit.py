@@ -9,24 +9,14 @@ it (what survives any boundary merge).
 
 from __future__ import annotations
 
-import os
-
-import pytest
+from ci import skip_or_fail  # noqa: F401 - privacy tests never skip silently in CI
 
 from specsteer import protocol
 from specsteer.tokenizer import Tokenizer
 from specsteer_companion.cross import alignment as al
 
-IN_CI = os.environ.get("CI", "").lower() == "true"
 _BEFORE = ["", " ", "\n", "x", "Dear team, ", "(", ".", ": ", "\n\n", "-", "'"]
 _AFTER = ["", ".", " ", "\n", ",", "x", ")", "!", " and"]
-
-
-def skip_or_fail(reason: str) -> None:
-    """Privacy tests never skip silently in CI: a missing model or data set fails there."""
-    if IN_CI:
-        pytest.fail(f"CI=true: a privacy test cannot skip ({reason})")
-    pytest.skip(reason)
 
 
 def canary_tokenizations(

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from apps_helpers import REPO, screenshot, start_app
+from ci import skip_or_fail
 
 from specsteer.history import HistoryStore
 from specsteer_companion.proxy import Faults
@@ -25,7 +26,7 @@ CANARY = "Quillwort-canary-2468"
 def node_client_built() -> None:
     node = shutil.which("node")
     if node is None or shutil.which("npm") is None:
-        pytest.skip("node/npm not found")
+        skip_or_fail("node/npm not found")
     folder = REPO / "bindings" / "node"
     for cmd in (["npm", "ci", "--no-audit", "--no-fund", "--loglevel=error"],
                 ["npm", "run", "build", "--silent"]):

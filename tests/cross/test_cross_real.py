@@ -12,6 +12,7 @@ import os
 
 import numpy as np
 import pytest
+from ci import skip_or_fail
 
 from specsteer.client import Client
 from specsteer.errors import ModelError
@@ -44,7 +45,7 @@ def _model(name: str) -> OnnxModel:
             fetch(name)
         return load_model(compile_model(name, "int8"))
     except ModelError as exc:  # a model the builder cannot compile here: say which and why
-        pytest.skip(f"{name} could not be fetched or compiled: {exc}")
+        skip_or_fail(f"{name} could not be fetched or compiled: {exc}")
 
 
 class _Capturing(Verifier):

@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from ci import skip_or_fail
 
 import specsteer
 from specsteer.history import HistoryStore
@@ -29,7 +30,7 @@ def data_dir() -> Path:
     for candidate in candidates:
         if candidate and (Path(candidate) / "acl_abstracts_top100_authors.json").is_file():
             return Path(candidate)
-    pytest.skip("shared data sets not found; set SPECSTEER_DATA_DIR")
+    skip_or_fail("shared data sets not found; set SPECSTEER_DATA_DIR")
 
 
 @pytest.fixture(scope="session")

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from ci import skip_or_fail
 
 from specsteer.models.manifest import read_manifest
 from specsteer.models.registry import compiled_dir, get_spec, gguf_path
@@ -86,7 +87,7 @@ def test_smollm_fp32_greedy_matches_transformers(smollm_fp32, monkeypatch):
 
     gguf = gguf_path(get_spec("smollm2-135m"))
     if not gguf.exists():
-        pytest.skip("the transformers reference needs the GGUF: specsteer models fetch")
+        skip_or_fail("the transformers reference needs the GGUF: specsteer models fetch")
     torch.set_num_threads(1)
     reference = AutoModelForCausalLM.from_pretrained(
         gguf.parent, gguf_file=gguf.name, dtype=torch.float32

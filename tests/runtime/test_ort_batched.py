@@ -10,6 +10,7 @@ import os
 
 import numpy as np
 import pytest
+from ci import skip_or_fail
 from session_checks import check_session_errors
 
 from specsteer.errors import SessionError
@@ -160,7 +161,7 @@ def test_qwen_batched_equals_sequential():
     if os.environ.get("SPECSTEER_SKIP_REAL"):
         pytest.skip("SPECSTEER_SKIP_REAL is set")
     if not compiled_dir(get_spec("qwen2.5-0.5b"), "int8").is_dir():
-        pytest.skip("qwen2.5-0.5b int8 is not compiled (specsteer models compile qwen2.5-0.5b)")
+        skip_or_fail("qwen2.5-0.5b int8 is not compiled (specsteer models compile qwen2.5-0.5b)")
     model = load_batched_model("qwen2.5-0.5b", precision="int8")
     tok = model.tokenizer
     prompts = [tok.encode(t) for t in ("Write one sentence about the sea.",
