@@ -136,10 +136,13 @@ def test_short_sessions_work_on_a_sliding_window_model():
 
 
 def test_identical_models_accept_almost_everything_through_the_text_path(smollm):
-    """SmolLM2 verifying itself over text: spans pass unless tokenizations disagree.
+    """SmolLM2 verifying itself over text: spans pass while tokenizations agree.
 
     gamma 0.99, not 1: the two sides are float32 rows of two sessions fed in different chunks.
     Before the tail was tokenized in context ("\\n", "\\n" rather than "\\n\\n"), this was 84 %.
+    Whether a whole output stays canonical hangs on near-ties (it differed between machines), so
+    the claim is checked on the prefix where the tokens equal the text's canonical tokenization:
+    there the companion rejects nothing. Warm start is off: this is about the verification path.
     """
 
     class Forced(Verifier):
@@ -148,15 +151,17 @@ def test_identical_models_accept_almost_everything_through_the_text_path(smollm)
 
     client = Client(smollm, history=None,
                     companion=lambda: LocalChannel.for_verifier(Forced(smollm, smollm)))
-    canonical = 0
+    canonical_tokens = 0
     for request in REQUESTS:
-        result = client.generate(request, gamma=0.99, max_new_tokens=48, offline="fail")
-        if smollm.tokenizer.encode(result.text) == result.tokens:
-            canonical += 1
-            assert result.stats.acceptance_rate > 0.95, result.text
-        else:
-            # the Specialist drafted a spelling its own tokenizer would not produce ("I", "t"
-            # for "It"): the Generalist conditions on the canonical tokens from there on, so
-            # even an identical model drifts (docs/cross-tokenizer.md, measured 54 %)
-            assert result.stats.acceptance_rate > 0.4, result.text
-    assert canonical >= 1
+        result = client.generate(request, gamma=0.99, max_new_tokens=48, offline="fail",
+                                 warm_start=False)
+        canonical = smollm.tokenizer.encode(result.text)
+        agree = next((i for i, (a, b) in enumerate(zip(canonical, result.tokens)) if a != b),
+                     min(len(canonical), len(result.tokens)))
+        assert "recovered" not in result.provenance[:agree], (result.text, result.provenance)
+        canonical_tokens += agree
+        # past a spelling its own tokenizer would not produce ("I", "t" for "It") the Generalist
+        # conditions on the canonical tokens, so even an identical model drifts
+        # (docs/cross-tokenizer.md, measured 54 %)
+        assert result.stats.acceptance_rate > 0.4, result.text
+    assert canonical_tokens >= 16
