@@ -1,7 +1,8 @@
 """Cross-tokenizer SpecSteer: byte alignment, the walk, and sessions against brute force.
 
 Tokenizer-level tests run on every tokenizer available: the tiny test tokenizers always, and the
-real ones (SmolLM2, Qwen2.5, Gemma-3) when their compiled folders are in the cache. Session tests
+real ones (SmolLM2, Qwen2.5, Gemma-3) when their compiled folders are in the cache (with CI=true
+they are fetched and compiled here; a model that cannot be is a failure). Session tests
 use a tiny pair with different vocabularies (512 vs 384 merges of the same corpus) and compare
 the incremental companion session, round after round, with a from-scratch reference that scores
 full token sequences in fresh model sessions and sums probabilities over the whole vocabulary.
@@ -14,10 +15,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from ci import IN_CI, skip_or_fail
 from privacy_audit import assert_canary_not_sent
 
 from specsteer import protocol
 from specsteer.client import Client
+from specsteer.errors import ModelError
 from specsteer.models.registry import PRECISIONS, compiled_dir, get_spec
 from specsteer.models.tiny import tiny_model_dir
 from specsteer.protocol import OpenSession, SessionSettings
@@ -56,6 +59,15 @@ def _tokenizer(name: str) -> Tokenizer:
         vocab = int(name.removeprefix("tiny"))
         return Tokenizer.from_folder(tiny_model_dir("llama", seed=0, vocab=vocab))
     folder = _real_folder(name)
+    if folder is None and IN_CI:  # CI compiles what a later test would compile anyway
+        from specsteer.models.compile import compile_model
+        from specsteer.models.fetch import fetch
+
+        try:
+            fetch(name)
+            folder = compile_model(name, "int8")
+        except ModelError as exc:
+            skip_or_fail(f"{name} could not be fetched or compiled: {exc}")
     if folder is None:
         pytest.skip(f"{name} is not compiled here (specsteer models compile {name})")
     template = get_spec(name).chat_template
