@@ -3,10 +3,13 @@
 
 from __future__ import annotations
 
+import http.client
+import json
 import re
 import time
 import urllib.request
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import openai
 import pytest
@@ -66,6 +69,68 @@ def test_bad_token_bad_host_and_bad_body(spawn, tmp_path) -> None:
     with pytest.raises(urllib.error.HTTPError) as refused:
         urllib.request.urlopen(request, timeout=10)
     assert refused.value.code == 403
+    assert bridge.close() == 0
+
+
+LONG = 1500  # tokens: a generation that is still running while the test acts on it
+MESSAGES = [{"role": "user", "content": "Budget for the next quarter"}]
+
+
+def wait_idle(bridge, timeout: float = 30.0) -> dict:
+    """The bridge's status once no generation runs."""
+    deadline = time.monotonic() + timeout
+    while (status := bridge.call("status")["result"])["generating"] is not None:
+        assert time.monotonic() < deadline, f"still generating: {status}"
+        time.sleep(0.05)
+    return status
+
+
+def test_busy_while_streaming_then_disconnect_cancels(spawn, tmp_path) -> None:
+    """One generation at a time: a second completion (HTTP or stdio) is refused while one
+    streams; the streaming client closing its connection cancels the generation."""
+    bridge, url, token = start_http(spawn, tmp_path)
+    client = openai.OpenAI(base_url=url, api_key=token, max_retries=0)
+    stream = client.chat.completions.create(model="m", messages=MESSAGES, max_tokens=LONG,
+                                            stream=True)
+    chunks = iter(stream)
+    first = next(chunks)
+    while not next(chunks).choices[0].delta.content:  # a mode chunk, then the first piece
+        pass
+    with pytest.raises(openai.RateLimitError) as busy:
+        client.chat.completions.create(model="m", messages=MESSAGES, max_tokens=4)
+    assert busy.value.status_code == 429 and busy.value.code == "busy"
+    assert first.id in busy.value.message
+    refused = bridge.call("generate", {"query": "x", "max_new_tokens": 4})["error"]
+    assert refused["code"] == -32020 and refused["data"]["running"] == first.id
+    assert bridge.call("status")["result"]["generating"] == first.id
+
+    stream.close()  # the client goes away mid-stream
+    status = wait_idle(bridge)
+    assert status["cancelled"] == 1 and status["generations"] == 1  # stdio's was refused
+    done = client.chat.completions.create(model="m", messages=MESSAGES, max_tokens=8)
+    assert done.choices[0].finish_reason == "length" and done.usage.completion_tokens == 8
+    assert bridge.call("status")["result"]["cancelled"] == 1
+    assert bridge.close() == 0
+
+
+def test_disconnect_cancels_a_completion_that_is_not_streamed(spawn, tmp_path) -> None:
+    """A client that gives up on a non-streamed completion (a timeout) frees the bridge too."""
+    bridge, url, token = start_http(spawn, tmp_path)
+    address = urlsplit(url)
+    connection = http.client.HTTPConnection(address.hostname, address.port, timeout=30)
+    connection.request("POST", "/v1/chat/completions", json.dumps(
+        {"model": "m", "messages": MESSAGES, "max_tokens": LONG}),
+        {"Authorization": f"Bearer {token}", "Content-Type": "application/json"})
+    deadline = time.monotonic() + 30
+    while bridge.call("status")["result"]["generating"] is None:
+        assert time.monotonic() < deadline, bridge.stderr()
+        time.sleep(0.01)
+    connection.close()  # before any answer
+    status = wait_idle(bridge)
+    assert status["cancelled"] == 1, status
+    assert "went away: cancelling" in bridge.stderr()
+    again = bridge.call("generate", {"query": "Notes", "max_new_tokens": 4})["result"]
+    assert again["finish_reason"] == "length"
     assert bridge.close() == 0
 
 

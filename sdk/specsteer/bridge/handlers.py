@@ -73,6 +73,7 @@ class Bridge:
         self.companion = companion
         self.started = time.monotonic()
         self.generations = 0
+        self.cancelled = 0  # generations answered as cancelled (cancel, a gone HTTP client)
         self.last_mode: str | None = None
         self.stopping = False
         self.http_url: str | None = None  # the OpenAI-style endpoint, when one is served
@@ -157,6 +158,7 @@ class Bridge:
             "generating": running.id if running is not None and not running.answered else None,
             "uptime_s": round(time.monotonic() - self.started, 3),
             "generations": self.generations,
+            "cancelled": self.cancelled,
             "companion": self.companion,
             "last_mode": self.last_mode,
             "history": history.location if history is not None else None,
@@ -173,6 +175,7 @@ class Bridge:
             return False
         running.cancel.set()
         self._answer(running, _cancelled(running.pieces), None)
+        self.cancelled += 1
         return True
 
     def shutdown(self, params: dict[str, Any]) -> dict[str, Any]:

@@ -6,7 +6,9 @@ TOKEN`, the token being the content of a local file (created owner-only with a r
 missing). The server binds loopback addresses only unless `allow_remote`, and checks the Host
 header so a web page cannot reach it by DNS rebinding. Generations share the stdio bridge's
 one-at-a-time rule (a busy bridge answers 429). Each text delta carries its provenance in the
-extension field `specsteer`; the last chunk (or the whole completion) carries the stats.
+extension field `specsteer`; the last chunk (or the whole completion) carries the stats. A
+client that closes its connection before the answer (streamed or not) cancels its generation:
+the handler watches the socket while it waits, so the model is freed for the next request.
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ import logging
 import os
 import queue
 import secrets
+import select
+import socket
 import threading
 import time
 import uuid
@@ -31,6 +35,7 @@ from specsteer.bridge.schemas import check_params
 
 log = logging.getLogger("specsteer.bridge.http")
 MAX_BODY_BYTES = 1 << 20
+POLL_S = 0.1  # how often a handler waiting for its generation checks that its client is there
 # chat-completions fields mapped onto generate params; others are accepted and ignored
 _FIELDS = {"max_tokens": "max_new_tokens", "max_completion_tokens": "max_new_tokens",
            "temperature": "temperature", "top_p": "top_p", "seed": "seed"}
@@ -176,7 +181,10 @@ class _Handler(BaseHTTPRequestHandler):
         if stream:
             self._stream(events, head, request_id)
             return
-        result, error = _final(events)
+        answer = self._await_answer(events, request_id)
+        if answer is None:
+            return
+        result, error = answer
         if error is not None:
             self._error(500, str(error), error.data["reason"], "server_error")
             return
@@ -209,7 +217,10 @@ class _Handler(BaseHTTPRequestHandler):
         try:
             send({"role": "assistant", "content": ""}, None, {})
             while True:
-                kind, value = events.get()
+                event = self._next_event(events, request_id)
+                if event is None:
+                    return
+                kind, value = event
                 if kind == "generate.piece":
                     send({"content": value["text"]}, None,
                          {"provenance": value["provenance"], "token": value["token"]})
@@ -226,15 +237,40 @@ class _Handler(BaseHTTPRequestHandler):
                     self.wfile.flush()
                     return
         except (BrokenPipeError, ConnectionResetError):
-            log.info("client of %s went away: cancelling", request_id)
-            self.server.bridge.cancel_generation(request_id)
+            self._client_gone(request_id)
+
+    def _next_event(self, events: queue.Queue[tuple[str, Any]], request_id: str
+                    ) -> tuple[str, Any] | None:
+        """The generation's next event; None (the generation cancelled) once the client has
+        closed its connection."""
+        while not _peer_closed(self.connection):
+            try:
+                return events.get(timeout=POLL_S)
+            except queue.Empty:
+                continue
+        self._client_gone(request_id)
+        return None
+
+    def _await_answer(self, events: queue.Queue[tuple[str, Any]], request_id: str
+                      ) -> tuple[Any, BridgeError | None] | None:
+        while (event := self._next_event(events, request_id)) is not None:
+            if event[0] == "answer":
+                return event[1]
+        return None
+
+    def _client_gone(self, request_id: str) -> None:
+        log.info("client of %s went away: cancelling", request_id)
+        self.close_connection = True
+        self.server.bridge.cancel_generation(request_id)
 
 
-def _final(events: queue.Queue[tuple[str, Any]]) -> tuple[Any, BridgeError | None]:
-    while True:
-        kind, value = events.get()
-        if kind == "answer":
-            return value
+def _peer_closed(connection: socket.socket) -> bool:
+    """Whether the client closed (or reset) the connection: readable with nothing to read."""
+    try:
+        readable, _, _ = select.select([connection], [], [], 0)
+        return bool(readable) and connection.recv(1, socket.MSG_PEEK) == b""
+    except (OSError, ValueError):
+        return True
 
 
 def _finish(result: dict[str, Any]) -> str:
