@@ -16,6 +16,8 @@ import pytest
 
 from specsteer.bridge.http import parse_address
 
+MESSAGES = [{"role": "user", "content": "Budget for the next quarter"}]
+
 
 def start_http(spawn, tmp_path: Path, *args: str) -> tuple[object, str, str]:
     token_file = tmp_path / "token"
@@ -63,6 +65,20 @@ def test_bad_token_bad_host_and_bad_body(spawn, tmp_path) -> None:
                                        max_tokens=-1)
     with pytest.raises(openai.BadRequestError, match="user message"):
         client.chat.completions.create(model="x", messages=[{"role": "system", "content": "s"}])
+    # a refused request's unread body must not be taken for the next request on the connection
+    address = urlsplit(url)
+    connection = http.client.HTTPConnection(address.hostname, address.port, timeout=30)
+    body = json.dumps({"model": "m", "messages": MESSAGES, "max_tokens": 2})
+    for auth, code in (("wrong", 401), (token, 200), ("wrong", 401), (token, 200)):
+        connection.request("POST", "/v1/chat/completions", body,
+                           {"Authorization": f"Bearer {auth}", "Content-Type": "application/json"})
+        response = connection.getresponse()
+        answer = json.loads(response.read())
+        assert response.status == code, answer
+    connection.request("POST", "/v1/chat/completions", b"{}", {"Authorization": f"Bearer {token}",
+                                                             "Transfer-Encoding": "chunked"})
+    assert connection.getresponse().status == 411
+    connection.close()
     # a page that rebinds its own DNS name to 127.0.0.1 sends its own Host header: refused
     request = urllib.request.Request(url + "/models", headers={
         "Authorization": f"Bearer {token}", "Host": "evil.example:80"})
@@ -73,7 +89,6 @@ def test_bad_token_bad_host_and_bad_body(spawn, tmp_path) -> None:
 
 
 LONG = 1500  # tokens: a generation that is still running while the test acts on it
-MESSAGES = [{"role": "user", "content": "Budget for the next quarter"}]
 
 
 def wait_idle(bridge, timeout: float = 30.0) -> dict:

@@ -15,16 +15,18 @@ import type {
   ForgetOptions,
   GenerateRequest,
   GenerateResult,
-  HistoryRecord,
   InitializeResult,
   ListOptions,
   FrameEvent,
+  MethodName,
   ModeEvent,
   NewRecord,
+  ParamsOf,
   Piece,
+  PrepareParams,
   RequestId,
+  ResultOf,
   SearchOptions,
-  StatusResult,
 } from "./types.js";
 
 export const PROTOCOL_VERSION = 1;
@@ -137,7 +139,7 @@ export class SpecSteerClient extends EventEmitter<SpecSteerClientEvents> {
     });
     try {
       const info = await Promise.race([
-        this.request<InitializeResult>("initialize", { protocol_version: PROTOCOL_VERSION,
+        this.request("initialize", { protocol_version: PROTOCOL_VERSION,
           client: { name: "@specsteer/bridge", version: "0.1.0" } }),
         spawnFailed,
         timedOut,
@@ -179,14 +181,17 @@ export class SpecSteerClient extends EventEmitter<SpecSteerClientEvents> {
   }
 
   // -- protocol ------------------------------------------------------------------------------
-  request<T>(method: string, params: object = {}): Promise<T> {
+  /** Call a method; params and result are typed by the protocol schemas (Methods). */
+  request<M extends MethodName>(method: M, ...params: OptionalIfEmpty<ParamsOf<M>>):
+    Promise<ResultOf<M>> {
     if (!this.child || this.exited) {
       return Promise.reject(this.exited ?? new Error("the bridge is not started: call start()"));
     }
     const id = ++this.nextId;
-    return new Promise<T>((resolve, reject) => {
+    return new Promise<ResultOf<M>>((resolve, reject) => {
       this.pending.set(id, { resolve, reject });
-      this.child!.stdin.write(JSON.stringify({ jsonrpc: "2.0", id, method, params }) + "\n");
+      this.child!.stdin.write(
+        JSON.stringify({ jsonrpc: "2.0", id, method, params: params[0] ?? {} }) + "\n");
     });
   }
 
@@ -255,7 +260,7 @@ export class SpecSteerClient extends EventEmitter<SpecSteerClientEvents> {
     const stream: Stream = { pieces: [], wake: null };
     this.streams.set(id, stream);
     let finished = false;
-    const result = this.request<GenerateResult>("generate", request).finally(() => {
+    const result = this.request("generate", request).finally(() => {
       finished = true;
       stream.wake?.();
     });
@@ -297,30 +302,30 @@ export class SpecSteerClient extends EventEmitter<SpecSteerClientEvents> {
     return generation.result;
   }
 
-  status(): Promise<StatusResult> {
+  status(): Promise<ResultOf<"status">> {
     return this.request("status");
   }
 
   /** Retrieve and prefill while the user types; the next generate of the task reuses it. */
-  prepare(params: object = {}): Promise<unknown> {
+  prepare(params: PrepareParams): Promise<ResultOf<"prepare">> {
     return this.request("prepare", params);
   }
 
   readonly history = {
-    add: (record: NewRecord) =>
-      this.request<{ record: HistoryRecord }>("history.add", record).then((r) => r.record),
+    add: (record: NewRecord) => this.request("history.add", record).then((r) => r.record),
     search: (query: string, options: SearchOptions = {}) =>
-      this.request<{ hits: { score: number; record: HistoryRecord }[] }>(
-        "history.search", { query, ...options }).then((r) => r.hits),
+      this.request("history.search", { query, ...options }).then((r) => r.hits),
     list: (options: ListOptions = {}) =>
-      this.request<{ records: HistoryRecord[] }>("history.list", options).then((r) => r.records),
-    delete: (ids: string[]) =>
-      this.request<{ deleted: string[] }>("history.delete", { ids }).then((r) => r.deleted),
+      this.request("history.list", options).then((r) => r.records),
+    delete: (ids: string[]) => this.request("history.delete", { ids }).then((r) => r.deleted),
     forget: (options: ForgetOptions) =>
-      this.request<{ deleted: number }>("history.forget", options).then((r) => r.deleted),
-    stats: () => this.request<Record<string, unknown>>("history.stats"),
+      this.request("history.forget", options).then((r) => r.deleted),
+    stats: () => this.request("history.stats"),
   };
 }
+
+/** A method whose params may all be left out takes them optionally. */
+type OptionalIfEmpty<P> = {} extends P ? [params?: P] : [params: P];
 
 function abortError(signal: AbortSignal): Error {
   return signal.reason instanceof Error ? signal.reason

@@ -1,137 +1,48 @@
 /**
- * Types of the bridge protocol v1, written by hand after bindings/schema/v1 (the schemas are the
- * reference: the bridge validates every request against them).
+ * The client's names for the bridge protocol v1 types. Every type is derived from
+ * ./generated/protocol.ts, which is generated from bindings/schema/v1 (the schemas the bridge
+ * validates against), so a schema change reaches these types or fails `npm test`.
  */
+import type {
+  CompanionFrameParams,
+  GenerateModeParams,
+  GeneratePieceParams,
+  HistoryAddParams,
+  HistoryForgetParams,
+  HistoryListParams,
+  HistorySearchParams,
+  Methods,
+} from "./generated/protocol.js";
 
-export type Provenance = "draft" | "recovered" | "bonus" | "local" | "generalist";
-export type Mode = "collaborative" | "local";
-export type FinishReason = "stop" | "length" | "cancelled";
-export type RequestId = string | number;
+export type {
+  FinishReason,
+  GenerateParams as GenerateRequest,
+  GenerateResult,
+  GenerationStats,
+  HistoryRecord,
+  HistoryStatsResult,
+  InitializeResult,
+  Methods,
+  Mode,
+  Notifications,
+  PrepareParams,
+  PrepareResult,
+  Provenance,
+  RequestId,
+  StatusResult,
+} from "./generated/protocol.js";
 
-export interface GenerateRequest {
-  query: string | Record<string, string>;
-  task?: string;
-  preset?: "default" | "fast" | "strict";
-  stop?: string[];
-  offline?: string;
-  before?: string | number;
-  method?: "specsteer" | "slm" | "slm_rag" | "llm" | "speculative" | "light_costeer" | "costeer";
-  max_new_tokens?: number;
-  temperature?: number;
-  gamma?: number;
-  alpha?: number;
-  k?: number;
-  adaptive_k?: boolean;
-  top_k?: number;
-  top_p?: number;
-  seed?: number;
-}
-
-export interface Piece {
-  text: string;
-  token: number;
-  provenance: Provenance;
-  round: number;
-}
-
-export interface GenerationStats {
-  method: string;
-  tokens: number;
-  rounds: number;
-  drafted: number;
-  accepted: number;
-  acceptance_rate: number;
-  total_s: number;
-  tokens_per_s: number;
-  first_token_s: number | null;
-  bytes_up: number;
-  bytes_down: number;
-  bytes_per_token: number;
-  degraded: boolean;
-  offline_reason: string | null;
-  reconnects: number;
-  records: string[];
-  [more: string]: unknown;
-}
-
-export interface GenerateResult {
-  text: string;
-  provenance: Provenance[];
-  finish_reason: FinishReason;
-  stats: GenerationStats | null;
-}
-
-export interface ModeEvent {
-  id: RequestId;
-  mode: Mode;
-  tokens: number;
-  reason: string;
-}
-
+/** One streamed piece of a generation (a `generate.piece` notification without its id). */
+export type Piece = Omit<GeneratePieceParams, "id">;
+/** A switch between collaborative and local decoding (`generate.mode`). */
+export type ModeEvent = GenerateModeParams;
 /** A frame to ("up") or from ("down") the companion, decoded: only with `--audit-frames`. */
-export interface FrameEvent {
-  n: number;
-  generation: RequestId | null;
-  direction: "up" | "down";
-  type: string;
-  bytes: number;
-  fields: Record<string, unknown>;
-  tokens: Record<string, { id: number; text: string | null }[]>;
-}
+export type FrameEvent = CompanionFrameParams;
+export type NewRecord = HistoryAddParams;
+export type SearchOptions = Omit<HistorySearchParams, "query">;
+export type ListOptions = HistoryListParams;
+export type ForgetOptions = HistoryForgetParams;
 
-export interface InitializeResult {
-  protocol_version: number;
-  package_version: string;
-  specialist?: string;
-  companion?: string | null;
-  history?: string | null;
-  http?: string | null;
-  methods: string[];
-  notifications: string[];
-  capabilities: Record<string, unknown>;
-}
-
-export interface StatusResult {
-  generating: RequestId | null;
-  uptime_s: number;
-  generations: number;
-  companion?: string | null;
-  last_mode?: Mode | null;
-  history?: string | null;
-  http?: string | null;
-}
-
-export interface HistoryRecord {
-  id: string;
-  kind: string;
-  title: string;
-  body: string;
-  created_at: string | null;
-  meta: Record<string, unknown>;
-  source: string;
-}
-
-export interface NewRecord {
-  kind: string;
-  body: string;
-  title?: string;
-  created_at?: string | number | null;
-  meta?: Record<string, unknown>;
-  source?: string;
-  id?: string;
-}
-
-export interface SearchOptions {
-  k?: number;
-  kinds?: string[];
-  before?: string | number;
-}
-
-export interface ListOptions {
-  kinds?: string[];
-  before?: string | number;
-  limit?: number;
-  offset?: number;
-}
-
-export type ForgetOptions = { kinds?: string[]; before?: string | number } | { all: true };
+export type MethodName = keyof Methods;
+export type ParamsOf<M extends MethodName> = Methods[M]["params"];
+export type ResultOf<M extends MethodName> = Methods[M]["result"];

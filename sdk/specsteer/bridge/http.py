@@ -111,11 +111,16 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(body)))
+        if self.close_connection:
+            self.send_header("Connection", "close")
         self.end_headers()
         self.wfile.write(body)
 
     def _error(self, status: int, message: str, code: str, kind: str = "invalid_request_error"
                ) -> None:
+        """An OpenAI-style error; it closes the connection, as a refused request's body may
+        still be unread (a kept-alive connection would read it as the next request)."""
+        self.close_connection = True
         self._send_json(status, {"error": {"message": message, "type": kind, "param": None,
                                            "code": code}})
 
@@ -149,13 +154,15 @@ class _Handler(BaseHTTPRequestHandler):
         if self.path.rstrip("/") != "/v1/chat/completions":
             self._error(404, f"no route {self.path}", "not_found")
             return
-        length = int(self.headers.get("Content-Length") or 0)
-        if length > MAX_BODY_BYTES:
+        length = self.headers.get("Content-Length", "")
+        if not length.isdigit():
+            self._error(411, "a Content-Length header is required", "length_required")
+            return
+        if int(length) > MAX_BODY_BYTES:
             self._error(413, f"the body exceeds {MAX_BODY_BYTES} bytes", "body_too_large")
-            self.close_connection = True
             return
         try:
-            body = json.loads(self.rfile.read(length) or b"null")
+            body = json.loads(self.rfile.read(int(length)) or b"null")
             params, stream = _generate_params(body)
         except (ValueError, BridgeError) as exc:
             self._error(400, str(exc), "invalid_params")

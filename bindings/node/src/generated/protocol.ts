@@ -1,0 +1,374 @@
+/**
+ * Types of the SpecSteer bridge protocol v1, generated from bindings/schema/v1 by
+ * scripts/generate-types.mjs (json-schema-to-typescript). Do not edit: change the schema and run
+ * `npm run generate`; test/types.test.mjs fails while this file and the schemas differ.
+ */
+
+/**
+ * the JSON-RPC id of a generate request
+ */
+export type RequestId = string | number;
+/**
+ * ISO-8601 date/time or a year
+ */
+export type TimeLike = string | number;
+export type Provenance = "draft" | "recovered" | "bonus" | "local" | "generalist";
+export type FinishReason = "stop" | "length" | "cancelled";
+export type HistoryForgetParams =
+  | {
+      /**
+       * @minItems 1
+       */
+      kinds?: string[];
+      before?: TimeLike;
+    }
+  | {
+      all: true;
+    };
+export type Mode = "collaborative" | "local";
+
+export interface BridgeProtocol {
+  methods: Methods;
+  notifications: Notifications;
+  error: ErrorData;
+  common?: {
+    record?: HistoryRecord;
+    provenance?: Provenance;
+    stats?: GenerationStats;
+    request_id?: RequestId;
+    time_like?: TimeLike;
+    mode?: Mode;
+    finish_reason?: FinishReason;
+  };
+}
+/**
+ * Every method: its params and result.
+ */
+export interface Methods {
+  cancel: {
+    params: CancelParams;
+    result: CancelResult;
+  };
+  generate: {
+    params: GenerateParams;
+    result: GenerateResult;
+  };
+  "history.add": {
+    params: HistoryAddParams;
+    result: HistoryAddResult;
+  };
+  "history.delete": {
+    params: HistoryDeleteParams;
+    result: HistoryDeleteResult;
+  };
+  "history.forget": {
+    params: HistoryForgetParams;
+    result: HistoryForgetResult;
+  };
+  "history.list": {
+    params: HistoryListParams;
+    result: HistoryListResult;
+  };
+  "history.search": {
+    params: HistorySearchParams;
+    result: HistorySearchResult;
+  };
+  "history.stats": {
+    params: HistoryStatsParams;
+    result: HistoryStatsResult;
+  };
+  initialize: {
+    params: InitializeParams;
+    result: InitializeResult;
+  };
+  prepare: {
+    params: PrepareParams;
+    result: PrepareResult;
+  };
+  shutdown: {
+    params: ShutdownParams;
+    result: ShutdownResult;
+  };
+  status: {
+    params: StatusParams;
+    result: StatusResult;
+  };
+}
+export interface CancelParams {
+  id: RequestId;
+}
+export interface CancelResult {
+  /**
+   * false when no generation with this id was running
+   */
+  cancelled: boolean;
+}
+export interface GenerateParams {
+  /**
+   * a plain string fills the task's first field
+   */
+  query:
+    | string
+    | {
+        [k: string]: string;
+      };
+  task?: string;
+  preset?: "default" | "fast" | "strict";
+  /**
+   * @maxItems 16
+   */
+  stop?: string[];
+  offline?: string;
+  before?: TimeLike;
+  method?: "specsteer" | "slm" | "slm_rag" | "llm" | "speculative" | "light_costeer" | "costeer";
+  max_new_tokens?: number;
+  temperature?: number;
+  gamma?: number;
+  alpha?: number;
+  k?: number;
+  adaptive_k?: boolean;
+  top_k?: number;
+  top_p?: number;
+  seed?: number;
+}
+export interface GenerateResult {
+  text: string;
+  provenance: Provenance[];
+  finish_reason: FinishReason;
+  stats: GenerationStats | null;
+}
+export interface GenerationStats {
+  method: string;
+  tokens: number;
+  rounds: number;
+  drafted?: number;
+  accepted?: number;
+  acceptance_rate?: number;
+  total_s?: number;
+  tokens_per_s?: number;
+  first_token_s?: number | null;
+  retrieval_s?: number;
+  prefill_s?: number;
+  device_s?: number;
+  wait_s?: number;
+  bytes_up: number;
+  bytes_down: number;
+  bytes_per_token?: number;
+  degraded: boolean;
+  offline_reason?: string | null;
+  reconnects?: number;
+  pipelined?: number;
+  records?: string[];
+  truncated?: string[];
+  prefill_reused?: number;
+  prefill_tokens?: number;
+  warm_tokens?: number;
+  switch_s?: number | null;
+  cancelled?: boolean;
+  [k: string]: unknown;
+}
+export interface HistoryAddParams {
+  kind: string;
+  title?: string;
+  body: string;
+  created_at?: TimeLike | null;
+  meta?: {
+    [k: string]: unknown;
+  };
+  source?: string;
+  id?: string;
+}
+export interface HistoryAddResult {
+  record: HistoryRecord;
+}
+export interface HistoryRecord {
+  id: string;
+  kind: string;
+  title: string;
+  body: string;
+  created_at: string | null;
+  meta: {
+    [k: string]: unknown;
+  };
+  source: string;
+}
+export interface HistoryDeleteParams {
+  /**
+   * @minItems 1
+   * @maxItems 10000
+   */
+  ids: string[];
+}
+export interface HistoryDeleteResult {
+  deleted: string[];
+}
+export interface HistoryForgetResult {
+  deleted: number;
+}
+export interface HistoryListParams {
+  /**
+   * @minItems 1
+   */
+  kinds?: string[];
+  before?: TimeLike;
+  limit?: number;
+  offset?: number;
+}
+export interface HistoryListResult {
+  records: HistoryRecord[];
+}
+export interface HistorySearchParams {
+  query: string;
+  k?: number;
+  /**
+   * @minItems 1
+   */
+  kinds?: string[];
+  before?: TimeLike;
+}
+export interface HistorySearchResult {
+  hits: {
+    score: number;
+    record: HistoryRecord;
+  }[];
+}
+export interface HistoryStatsParams {}
+export interface HistoryStatsResult {
+  path: string;
+  records: number;
+  kinds: {
+    [k: string]: number;
+  };
+  oldest?: string | null;
+  newest?: string | null;
+  file_bytes?: number;
+  wal_bytes?: number;
+  journal_mode?: string;
+  schema_version?: number;
+  lock_retries?: number;
+  [k: string]: unknown;
+}
+export interface InitializeParams {
+  /**
+   * the protocol version the client speaks
+   */
+  protocol_version?: number;
+  client?: {
+    name?: string;
+    version?: string;
+  };
+}
+export interface InitializeResult {
+  protocol_version: 1;
+  package_version: string;
+  specialist?: string;
+  companion?: string | null;
+  history?: string | null;
+  methods: string[];
+  notifications: string[];
+  capabilities: {
+    cancel?: boolean;
+    concurrent_generate?: "refuse";
+    max_line_bytes?: number;
+    tasks?: string[];
+    presets?: string[];
+    offline?: string[];
+    [k: string]: unknown;
+  };
+  /**
+   * base URL of the OpenAI-compatible endpoint (--http), or null
+   */
+  http?: string | null;
+}
+export interface PrepareParams {
+  /**
+   * a plain string fills the task's first field
+   */
+  query:
+    | string
+    | {
+        [k: string]: string;
+      };
+  task?: string;
+  before?: TimeLike;
+}
+export interface PrepareResult {
+  task: string;
+  prefilling: true;
+}
+export interface ShutdownParams {}
+export interface ShutdownResult {}
+export interface StatusParams {}
+export interface StatusResult {
+  generating: string | number | null;
+  uptime_s: number;
+  /**
+   * generate requests started since the bridge started
+   */
+  generations: number;
+  /**
+   * generations answered as cancelled: by cancel, or by an HTTP client that closed its connection
+   */
+  cancelled: number;
+  companion?: string | null;
+  last_mode?: Mode | null;
+  history?: string | null;
+  /**
+   * base URL of the OpenAI-compatible endpoint (--http), or null
+   */
+  http?: string | null;
+}
+/**
+ * Every notification (bridge to app): its params.
+ */
+export interface Notifications {
+  "companion.frame": {
+    params: CompanionFrameParams;
+  };
+  "generate.mode": {
+    params: GenerateModeParams;
+  };
+  "generate.piece": {
+    params: GeneratePieceParams;
+  };
+  "generate.stats": {
+    params: GenerateStatsParams;
+  };
+}
+export interface CompanionFrameParams {
+  n: number;
+  generation: RequestId | null;
+  direction: "up" | "down";
+  type: string;
+  bytes: number;
+  fields: {
+    [k: string]: unknown;
+  };
+  tokens: {
+    [k: string]: {
+      id: number;
+      text: string | null;
+    }[];
+  };
+}
+export interface GenerateModeParams {
+  id: RequestId;
+  mode: Mode;
+  tokens: number;
+  reason: string;
+}
+export interface GeneratePieceParams {
+  id: RequestId;
+  text: string;
+  token: number;
+  provenance: Provenance;
+  round: number;
+}
+export interface GenerateStatsParams {
+  id: RequestId;
+  stats: GenerationStats;
+}
+export interface ErrorData {
+  reason: string;
+  [k: string]: unknown;
+}

@@ -1,0 +1,98 @@
+// `specsteer bridge --http` driven by the official `openai` npm client (which nobody here wrote):
+// a real bridge, started by SpecSteerClient with --http, and a real companion (tiny models).
+import assert from "node:assert/strict";
+import { mkdtempSync, readFileSync, statSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { after, before, test } from "node:test";
+
+import OpenAI from "openai";
+
+import { SpecSteerClient } from "../dist/index.js";
+import { clientOptions, startCompanion } from "./helpers.mjs";
+
+const MESSAGES = [{ role: "user", content: "Budget for the next quarter" }];
+let companion;
+let bridge;
+let openai;
+
+before(async () => {
+  companion = await startCompanion();
+  const tokenFile = join(mkdtempSync(join(tmpdir(), "specsteer-http-")), "token");
+  bridge = await SpecSteerClient.start(clientOptions("--companion", companion.url,
+    "--http", "127.0.0.1:0", "--http-token-file", tokenFile));
+  assert.match(bridge.info.http, /^http:\/\/127\.0\.0\.1:\d+\/v1$/);
+  assert.equal(statSync(tokenFile).mode & 0o077, 0); // created owner-only
+  openai = new OpenAI({ baseURL: bridge.info.http, apiKey: readFileSync(tokenFile, "utf8").trim(),
+    maxRetries: 0 });
+});
+after(async () => {
+  await bridge?.close();
+  await companion?.kill();
+});
+
+test("models, a completion and the same completion streamed, with provenance", async () => {
+  const models = await openai.models.list();
+  assert.deepEqual(models.data.map((m) => m.id), [bridge.info.specialist]);
+
+  const done = await openai.chat.completions.create({ model: bridge.info.specialist,
+    messages: MESSAGES, max_tokens: 24 });
+  const { provenance, stats } = done.specsteer;
+  assert.equal(provenance.length, done.usage.completion_tokens);
+  assert.ok(provenance.every((p) => ["draft", "recovered", "bonus"].includes(p)), provenance);
+  assert.equal(stats.degraded, false);
+  assert.ok(["stop", "length"].includes(done.choices[0].finish_reason));
+
+  const stream = await openai.chat.completions.create({ model: bridge.info.specialist,
+    messages: MESSAGES, max_tokens: 24, stream: true });
+  const chunks = [];
+  for await (const chunk of stream) chunks.push(chunk);
+  const text = chunks.map((c) => c.choices[0].delta.content ?? "").join("");
+  assert.equal(text, done.choices[0].message.content); // greedy: the same text, streamed
+  const pieces = chunks.filter((c) => c.specsteer.provenance).map((c) => c.specsteer);
+  // a chunk carries the token that completed its text (a character split over tokens waits)
+  assert.ok(pieces.length > 0 && pieces.length <= provenance.length);
+  assert.ok(pieces.every((p) => ["draft", "recovered", "bonus"].includes(p.provenance)));
+  assert.ok(pieces.every((p) => Number.isInteger(p.token)));
+  const last = chunks.at(-1);
+  assert.equal(last.choices[0].finish_reason, done.choices[0].finish_reason);
+  assert.equal(last.specsteer.stats.tokens, done.usage.completion_tokens);
+});
+
+test("a wrong or missing bearer token is refused with 401", async () => {
+  const stranger = new OpenAI({ baseURL: bridge.info.http, apiKey: "wrong-token-of-some-length",
+    maxRetries: 0 });
+  await assert.rejects(stranger.models.list(),
+    (e) => e instanceof OpenAI.AuthenticationError && e.status === 401);
+  await assert.rejects(stranger.chat.completions.create({ model: "m", messages: MESSAGES }),
+    (e) => e instanceof OpenAI.AuthenticationError && e.code === "invalid_api_key");
+  // the openai client will not send a request without a key: plain fetch does
+  const bare = await fetch(`${bridge.info.http}/chat/completions`, { method: "POST",
+    headers: { "Content-Type": "application/json" },
+    body: JSON.stringify({ model: "m", messages: MESSAGES }) });
+  assert.equal(bare.status, 401);
+  assert.equal((await bare.json()).error.code, "invalid_api_key");
+  // the refused requests reached no model, and the next one is served on the same pool
+  assert.equal((await openai.chat.completions.create({ model: "m", messages: MESSAGES,
+    max_tokens: 2 })).usage.completion_tokens, 2);
+});
+
+test("busy while a stream runs (429); aborting the stream cancels its generation", async () => {
+  const before = await bridge.status();
+  const stream = await openai.chat.completions.create({ model: "m", messages: MESSAGES,
+    max_tokens: 1500, stream: true });
+  const iterator = stream[Symbol.asyncIterator]();
+  let first;
+  do first = (await iterator.next()).value; while (!first.choices[0].delta.content);
+  await assert.rejects(openai.chat.completions.create({ model: "m", messages: MESSAGES }),
+    (e) => e instanceof OpenAI.RateLimitError && e.status === 429 && e.code === "busy");
+  assert.equal((await bridge.status()).generating, first.id);
+
+  stream.controller.abort(); // the app gives up: the connection closes
+  let status;
+  do status = await bridge.status(); while (status.generating !== null);
+  assert.equal(status.cancelled, before.cancelled + 1);
+  const next = await openai.chat.completions.create({ model: "m", messages: MESSAGES,
+    max_tokens: 4 });
+  assert.equal(next.usage.completion_tokens, 4);
+});
