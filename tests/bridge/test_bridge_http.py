@@ -3,11 +3,17 @@
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
+import os
 import re
+import signal
+import subprocess
+import threading
 import time
 import urllib.request
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -15,6 +21,8 @@ import openai
 import pytest
 
 from specsteer.bridge.http import parse_address
+from specsteer.models.tiny import tiny_model_dir
+from specsteer_companion.process import start_companion
 
 MESSAGES = [{"role": "user", "content": "Budget for the next quarter"}]
 
@@ -88,61 +96,121 @@ def test_bad_token_bad_host_and_bad_body(spawn, tmp_path) -> None:
     assert bridge.close() == 0
 
 
-LONG = 1500  # tokens: a generation that is still running while the test acts on it
+LONG = 1500  # tokens: more than the generation would reach before the test acts on it
 
 
-def wait_idle(bridge, timeout: float = 30.0) -> dict:
-    """The bridge's status once no generation runs."""
+@pytest.fixture()
+def own_companion() -> Iterator[tuple[subprocess.Popen, str]]:
+    """A companion of this test's own (tiny pair), which the test may stall."""
+    proc, url = start_companion(str(tiny_model_dir("llama", seed=1)),
+                                str(tiny_model_dir("llama", seed=0)), timeout_s=120)
+    try:
+        yield proc, url
+    finally:
+        proc.kill()  # stopped or not
+        proc.wait(10)
+
+
+@contextlib.contextmanager
+def stalled(companion: subprocess.Popen) -> Iterator[None]:
+    """The companion process stopped (SIGSTOP): a generation waits on it, deterministically
+    still running, until the block ends (SIGCONT), well within the bridge's --timeout-s."""
+    os.kill(companion.pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        os.kill(companion.pid, signal.SIGCONT)
+
+
+def wait_status(bridge, done: Callable[[dict], bool], timeout: float = 30.0) -> dict:
+    """The bridge's status once `done(status)`."""
     deadline = time.monotonic() + timeout
-    while (status := bridge.call("status")["result"])["generating"] is not None:
-        assert time.monotonic() < deadline, f"still generating: {status}"
-        time.sleep(0.05)
+    while not done(status := bridge.call("status")["result"]):
+        assert time.monotonic() < deadline, f"{status}\n{bridge.stderr()}"
+        time.sleep(0.02)
     return status
 
 
-def test_busy_while_streaming_then_disconnect_cancels(spawn, tmp_path) -> None:
+def idle(status: dict) -> bool:
+    return status["generating"] is None
+
+
+def test_busy_while_streaming_then_disconnect_cancels(spawn, own_companion, tmp_path) -> None:
     """One generation at a time: a second completion (HTTP or stdio) is refused while one
     streams; the streaming client closing its connection cancels the generation."""
-    bridge, url, token = start_http(spawn, tmp_path)
+    companion, companion_url = own_companion
+    bridge, url, token = start_http(spawn, tmp_path, "--companion", companion_url)
     client = openai.OpenAI(base_url=url, api_key=token, max_retries=0)
-    stream = client.chat.completions.create(model="m", messages=MESSAGES, max_tokens=LONG,
-                                            stream=True)
-    chunks = iter(stream)
-    first = next(chunks)
-    while not next(chunks).choices[0].delta.content:  # a mode chunk, then the first piece
-        pass
-    with pytest.raises(openai.RateLimitError) as busy:
-        client.chat.completions.create(model="m", messages=MESSAGES, max_tokens=4)
-    assert busy.value.status_code == 429 and busy.value.code == "busy"
-    assert first.id in busy.value.message
-    refused = bridge.call("generate", {"query": "x", "max_new_tokens": 4})["error"]
-    assert refused["code"] == -32020 and refused["data"]["running"] == first.id
-    assert bridge.call("status")["result"]["generating"] == first.id
+    with stalled(companion):
+        stream = client.chat.completions.create(model="m", messages=MESSAGES, max_tokens=LONG,
+                                                stream=True)
+        first = next(iter(stream))  # the role chunk: the generation has started
+        assert wait_status(bridge, lambda s: s["generating"] is not None)["generating"] \
+            == first.id
+        with pytest.raises(openai.RateLimitError) as busy:
+            client.chat.completions.create(model="m", messages=MESSAGES, max_tokens=4)
+        assert busy.value.status_code == 429 and busy.value.code == "busy"
+        assert first.id in busy.value.message
+        refused = bridge.call("generate", {"query": "x", "max_new_tokens": 4})["error"]
+        assert refused["code"] == -32020 and refused["data"]["running"] == first.id
 
-    stream.close()  # the client goes away mid-stream
-    status = wait_idle(bridge)
-    assert status["cancelled"] == 1 and status["generations"] == 1  # stdio's was refused
+        stream.close()  # the client goes away mid-stream
+        status = wait_status(bridge, idle)
+        assert status["cancelled"] == 1 and status["generations"] == 1  # stdio's was refused
+        # cancelled while the companion stalled, not once the device gave up on it and went on
+        # locally (then a piece written to the closed connection would have failed)
+        assert status["last_mode"] is None, bridge.stderr()
     done = client.chat.completions.create(model="m", messages=MESSAGES, max_tokens=8)
     assert done.choices[0].finish_reason == "length" and done.usage.completion_tokens == 8
     assert bridge.call("status")["result"]["cancelled"] == 1
     assert bridge.close() == 0
 
 
-def test_disconnect_cancels_a_completion_that_is_not_streamed(spawn, tmp_path) -> None:
+def test_openai_client_retries_busy_until_served(spawn, own_companion, tmp_path) -> None:
+    """The openai client's own retries (max_retries) wait out a busy bridge."""
+    companion, companion_url = own_companion
+    bridge, url, token = start_http(spawn, tmp_path, "--companion", companion_url)
+    with stalled(companion):
+        stream = openai.OpenAI(base_url=url, api_key=token, max_retries=0
+                               ).chat.completions.create(model="m", messages=MESSAGES,
+                                                         max_tokens=LONG, stream=True)
+        next(iter(stream))
+        wait_status(bridge, lambda s: s["generating"] is not None)
+
+
+        def leave() -> None:  # the running stream's client leaves, the companion comes back
+            stream.close()
+            wait_status(bridge, idle)
+            os.kill(companion.pid, signal.SIGCONT)
+
+        leaving = threading.Timer(0.5, leave)
+        leaving.start()
+        patient = openai.OpenAI(base_url=url, api_key=token, max_retries=5)
+        done = patient.chat.completions.create(model="m", messages=MESSAGES, max_tokens=4)
+        leaving.join()
+    assert done.usage.completion_tokens == 4
+    codes = re.findall(r'"POST /v1/chat/completions HTTP/1.1" (\d+)', bridge.stderr())
+    # the stream, then the patient request: refused while the stream ran, then served
+    assert codes[0] == "200" and codes[1] == "429" and codes[-1] == "200", codes
+    assert bridge.call("status")["result"]["cancelled"] == 1
+    assert bridge.close() == 0
+
+
+def test_disconnect_cancels_a_completion_that_is_not_streamed(spawn, own_companion,
+                                                              tmp_path) -> None:
     """A client that gives up on a non-streamed completion (a timeout) frees the bridge too."""
-    bridge, url, token = start_http(spawn, tmp_path)
+    companion, companion_url = own_companion
+    bridge, url, token = start_http(spawn, tmp_path, "--companion", companion_url)
     address = urlsplit(url)
-    connection = http.client.HTTPConnection(address.hostname, address.port, timeout=30)
-    connection.request("POST", "/v1/chat/completions", json.dumps(
-        {"model": "m", "messages": MESSAGES, "max_tokens": LONG}),
-        {"Authorization": f"Bearer {token}", "Content-Type": "application/json"})
-    deadline = time.monotonic() + 30
-    while bridge.call("status")["result"]["generating"] is None:
-        assert time.monotonic() < deadline, bridge.stderr()
-        time.sleep(0.01)
-    connection.close()  # before any answer
-    status = wait_idle(bridge)
-    assert status["cancelled"] == 1, status
+    with stalled(companion):
+        connection = http.client.HTTPConnection(address.hostname, address.port, timeout=30)
+        connection.request("POST", "/v1/chat/completions", json.dumps(
+            {"model": "m", "messages": MESSAGES, "max_tokens": LONG}),
+            {"Authorization": f"Bearer {token}", "Content-Type": "application/json"})
+        wait_status(bridge, lambda s: s["generating"] is not None)
+        connection.close()  # before any answer
+        status = wait_status(bridge, idle)
+        assert status["cancelled"] == 1, status
     assert "went away: cancelling" in bridge.stderr()
     again = bridge.call("generate", {"query": "Notes", "max_new_tokens": 4})["result"]
     assert again["finish_reason"] == "length"
