@@ -31,6 +31,17 @@ after(async () => {
   await companion?.kill();
 });
 
+/** The bridge's status once `done(status)`; fails after 30 s. */
+async function statusOnce(done) {
+  const deadline = Date.now() + 30_000;
+  for (;;) {
+    const status = await bridge.status();
+    if (done(status)) return status;
+    assert.ok(Date.now() < deadline, `still ${JSON.stringify(status)}`);
+    await new Promise((resolve) => setTimeout(resolve, 20));
+  }
+}
+
 test("models, a completion and the same completion streamed, with provenance", async () => {
   const models = await openai.models.list();
   assert.deepEqual(models.data.map((m) => m.id), [bridge.info.specialist]);
@@ -79,20 +90,27 @@ test("a wrong or missing bearer token is refused with 401", async () => {
 
 test("busy while a stream runs (429); aborting the stream cancels its generation", async () => {
   const before = await bridge.status();
-  const stream = await openai.chat.completions.create({ model: "m", messages: MESSAGES,
-    max_tokens: 1500, stream: true });
-  const iterator = stream[Symbol.asyncIterator]();
-  let first;
-  do first = (await iterator.next()).value; while (!first.choices[0].delta.content);
-  await assert.rejects(openai.chat.completions.create({ model: "m", messages: MESSAGES }),
-    (e) => e instanceof OpenAI.RateLimitError && e.status === 429 && e.code === "busy");
-  assert.equal((await bridge.status()).generating, first.id);
+  // the companion stopped (SIGSTOP): the generation waits on it, deterministically running
+  process.kill(companion.process.pid, "SIGSTOP");
+  try {
+    const stream = await openai.chat.completions.create({ model: "m", messages: MESSAGES,
+      max_tokens: 1500, stream: true });
+    const iterator = stream[Symbol.asyncIterator]();
+    const first = (await iterator.next()).value; // the role chunk: the generation has started
+    let status = await statusOnce((s) => s.generating !== null);
+    assert.equal(status.generating, first.id);
+    await assert.rejects(openai.chat.completions.create({ model: "m", messages: MESSAGES }),
+      (e) => e instanceof OpenAI.RateLimitError && e.status === 429 && e.code === "busy");
 
-  stream.controller.abort(); // the app gives up: the connection closes
-  let status;
-  do status = await bridge.status(); while (status.generating !== null);
-  assert.equal(status.cancelled, before.cancelled + 1);
+    stream.controller.abort(); // the app gives up: the connection closes
+    status = await statusOnce((s) => s.generating === null);
+    assert.equal(status.cancelled, before.cancelled + 1);
+    assert.equal(status.generations, before.generations + 1);
+  } finally {
+    process.kill(companion.process.pid, "SIGCONT");
+  }
   const next = await openai.chat.completions.create({ model: "m", messages: MESSAGES,
     max_tokens: 4 });
   assert.equal(next.usage.completion_tokens, 4);
+  assert.equal(next.specsteer.stats.degraded, false); // the companion is back
 });
