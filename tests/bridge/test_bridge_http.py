@@ -9,6 +9,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import threading
 import time
@@ -73,6 +74,10 @@ def test_bad_token_bad_host_and_bad_body(spawn, tmp_path) -> None:
                                        max_tokens=-1)
     with pytest.raises(openai.BadRequestError, match="user message"):
         client.chat.completions.create(model="x", messages=[{"role": "system", "content": "s"}])
+    with pytest.raises(openai.BadRequestError, match="n = 1"):
+        client.chat.completions.create(model="x", messages=MESSAGES, n=2)
+    with pytest.raises(openai.NotFoundError):
+        client.completions.create(model="x", prompt="legacy completions are not served")
     # a refused request's unread body must not be taken for the next request on the connection
     address = urlsplit(url)
     connection = http.client.HTTPConnection(address.hostname, address.port, timeout=30)
@@ -87,12 +92,37 @@ def test_bad_token_bad_host_and_bad_body(spawn, tmp_path) -> None:
                                                              "Transfer-Encoding": "chunked"})
     assert connection.getresponse().status == 411
     connection.close()
+    with socket.create_connection((address.hostname, address.port), timeout=30) as raw:
+        raw.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: " + address.netloc.encode()
+                    + b"\r\nAuthorization: Bearer " + token.encode()
+                    + b"\r\nContent-Length: 2000000\r\n\r\n")  # refused before any body
+        head = raw.recv(4096).decode()
+    assert head.startswith("HTTP/1.1 413") and "Connection: close" in head, head
     # a page that rebinds its own DNS name to 127.0.0.1 sends its own Host header: refused
     request = urllib.request.Request(url + "/models", headers={
         "Authorization": f"Bearer {token}", "Host": "evil.example:80"})
     with pytest.raises(urllib.error.HTTPError) as refused:
         urllib.request.urlopen(request, timeout=10)
     assert refused.value.code == 403
+    assert bridge.close() == 0
+
+
+def test_a_failed_generation_is_an_error_streamed_or_not(spawn, tmp_path) -> None:
+    """offline "fail" without a companion: 500 with the bridge's reason, or, streamed, a last
+    chunk with finish_reason "error" and the JSON-RPC error object."""
+    bridge, url, token = start_http(spawn, tmp_path)
+    client = openai.OpenAI(base_url=url, api_key=token, max_retries=0)
+    fail = {"specsteer": {"offline": "fail"}}
+    with pytest.raises(openai.InternalServerError) as failed:
+        client.chat.completions.create(model="m", messages=MESSAGES, extra_body=fail)
+    assert failed.value.status_code == 500 and failed.value.code == "companion_unavailable"
+    chunks = list(client.chat.completions.create(model="m", messages=MESSAGES, stream=True,
+                                                 extra_body=fail))
+    assert chunks[-1].choices[0].finish_reason == "error"
+    error = chunks[-1].model_extra["specsteer"]["error"]
+    assert error["code"] == -32050 and error["data"]["reason"] == "companion_unavailable"
+    assert client.chat.completions.create(model="m", messages=MESSAGES,
+                                          max_tokens=2).usage.completion_tokens == 2
     assert bridge.close() == 0
 
 
