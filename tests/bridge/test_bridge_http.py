@@ -8,8 +8,10 @@ import http.client
 import json
 import os
 import re
+import resource
 import signal
 import socket
+import struct
 import subprocess
 import threading
 import time
@@ -20,8 +22,9 @@ from urllib.parse import urlsplit
 
 import openai
 import pytest
+from ci import skip_or_fail
 
-from specsteer.bridge.http import parse_address
+from specsteer.bridge.http import _peer_closed, parse_address
 from specsteer.models.tiny import tiny_model_dir
 from specsteer_companion.process import start_companion
 
@@ -255,3 +258,35 @@ def test_only_loopback_unless_allowed() -> None:
     assert parse_address("0.0.0.0:8080", True) == ("0.0.0.0", 8080)
     with pytest.raises(ValueError, match="HOST:PORT"):
         parse_address("8080", False)
+
+
+def test_a_gone_client_is_told_from_a_quiet_or_busy_one() -> None:
+    """The socket check behind "a client that leaves cancels": data waiting or nothing yet is
+    not a gone client; an orderly close or a reset is; a descriptor number above select()'s
+    FD_SETSIZE (1024) works too."""
+    low = resource.getrlimit(resource.RLIMIT_NOFILE)
+    high_fd = 1500
+    if low[1] != resource.RLIM_INFINITY and low[1] <= high_fd:
+        skip_or_fail(f"the hard descriptor limit {low[1]} is below {high_fd}")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(low[0], high_fd + 1), low[1]))
+    try:
+        for high in (False, True):
+            server, client = socket.socketpair()
+            if high:
+                os.dup2(server.fileno(), high_fd)
+                server.close()
+                server = socket.socket(fileno=high_fd)
+            assert not _peer_closed(server)  # quiet
+            client.sendall(b"GET / HTTP/1.1\r\n")  # a pipelined request: not gone
+            assert not _peer_closed(server)
+            assert server.recv(100)
+            client.close()
+            assert _peer_closed(server)
+            server.close()
+        server, client = socket.socketpair()
+        client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        client.close()  # a reset
+        assert _peer_closed(server)
+        server.close()
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, low)

@@ -274,10 +274,20 @@ class _Handler(BaseHTTPRequestHandler):
 def _peer_closed(connection: socket.socket) -> bool:
     """Whether the client closed (or reset) the connection: readable with nothing to read."""
     try:
-        readable, _, _ = select.select([connection], [], [], 0)
-        return bool(readable) and connection.recv(1, socket.MSG_PEEK) == b""
-    except (OSError, ValueError):
+        return _readable(connection) and connection.recv(1, socket.MSG_PEEK) == b""
+    except OSError:  # reset by the peer
         return True
+
+
+def _readable(connection: socket.socket) -> bool:
+    """Readable now (or hung up): `poll` where there is one, as `select` refuses descriptors
+    above FD_SETSIZE; `select` on Windows, where it takes any socket."""
+    if hasattr(select, "poll"):
+        poller = select.poll()
+        poller.register(connection, select.POLLIN)
+        return bool(poller.poll(0))
+    readable, _, _ = select.select([connection], [], [], 0)
+    return bool(readable)
 
 
 def _finish(result: dict[str, Any]) -> str:
