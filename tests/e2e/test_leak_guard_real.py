@@ -5,12 +5,16 @@ The history holds a message that the Specialist copies word for word when asked 
 with the same subject, with an e-mail address and a phone number in it. `allow` sends the copy
 (so the checks can see a leak); `redact` and `hold` send no id completing a window of 8 ids of
 the private prompt that the public prompt lacks, and neither the address's "@domain" nor the
-phone number's digits. With windows longer than the whole message (`leak_guard_n=64`) only the
-pattern detector is left to stop the address and the number: they still never go up.
+phone number's digits (looked for in all digits sent, run together, so that a number spelled
+with other spacing or split over messages is seen too). With windows longer than the whole
+message (`leak_guard_n=64`) only the pattern detector is left to stop the address and the
+number: they still never go up.
 Never skipped in CI (`_compiled` fails there when a model is missing).
 """
 
 from __future__ import annotations
+
+import re
 
 import pytest
 from privacy_audit import copied_ids_sent, private_windows, text_sent
@@ -24,7 +28,8 @@ from specsteer_companion.verifier import Verifier
 pytestmark = pytest.mark.real_model
 SUBJECT = "Quarterly budget review"
 EMAIL, DOMAIN = "marta.kowalczyk@quillfeather.org", "@quillfeather"
-PHONE, PHONE_DIGITS = "+44 20 7946 0958", ("7946", "0958")
+PHONE = "+44 20 7946 0958"
+LOCAL_NUMBER = "79460958"  # its digits after the area code, looked for in the digits sent
 RECORDS = [
     (SUBJECT, "Dear team, the quarterly budget review moves to Thursday at 10:00 in room 4B. "
               f"If you cannot attend, write to {EMAIL} or call me on {PHONE}. "
@@ -59,6 +64,10 @@ def _generate(pair, policy: str, n: int = N):
     return result, copied_ids_sent(frames, private), text_sent(specialist.tokenizer, frames)
 
 
+def _digits(text: str) -> str:
+    return re.sub(r"\D", "", text)
+
+
 @pytest.fixture(scope="module")
 def allowed(pair):
     return _generate(pair, "allow")
@@ -68,7 +77,7 @@ def test_allow_sends_the_copied_history_so_the_checks_can_see_it(allowed):
     result, copied, sent = allowed
     assert result.stats.leak_flagged > 0 and result.stats.leak_redacted == 0
     assert copied > 0
-    assert EMAIL in sent and all(d in sent for d in PHONE_DIGITS)
+    assert EMAIL in sent and "4420" + LOCAL_NUMBER in _digits(sent)
 
 
 @pytest.mark.parametrize("policy", ["redact", "hold"])
@@ -78,7 +87,8 @@ def test_redact_and_hold_send_no_private_window_address_or_number(pair, allowed,
     assert result.stats.leak_flagged > 0
     if n == N:  # with n=64 a window of 8 may go up: only the patterns are on trial
         assert copied == 0
-    assert DOMAIN not in sent and not any(d in sent for d in PHONE_DIGITS)
+    # however it was spelled or spaced: the digits sent, run together
+    assert DOMAIN not in sent and LOCAL_NUMBER not in _digits(sent)
     if policy == "hold":
         assert result.stats.leak_held > 0 and result.provenance[-1] == "local"
     else:
