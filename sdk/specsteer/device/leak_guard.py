@@ -12,6 +12,11 @@ of disclosure and names the first token to withhold:
   IBAN- or card-like digit run, or a URL whose host is private (localhost, private IP ranges,
   .local/.lan/.internal/.corp/.home/.intranet), drafted and not in the public prompt's text;
   the first draft token overlapping the match is flagged.
+* **private details in any spelling**: the local parts and domain names of the e-mail
+  addresses in the private prompt, wherever they appear (with or without "@", glued to other
+  text), and any 7 consecutive digits of its phone, card or IBAN numbers however they are
+  spaced: the Specialist, turned away from a copy, writes " @domain" or "+442079 4 6..."
+  next, which the patterns alone let through.
 
 The policy (`Params.leak_guard`, applied in `device.rounds` and `device.loop`): "allow" counts
 flagged spans and sends them; "redact" cuts the draft before the flagged token and, in the fused
@@ -46,6 +51,15 @@ PATTERNS: dict[str, re.Pattern[str]] = {
     "url": re.compile(r"\b(?:https?|ftp)://([A-Za-z0-9.-]+|\[[0-9a-fA-F:]+\])"),
 }
 _DATE = re.compile(r"\d{4}[-./]\d{1,2}[-./]\d{1,2}|\d{1,2}[-./]\d{1,2}[-./]\d{4}")
+# Digits as a number is written, respaced or split: at most three of " +-.()/" between two digits.
+_DIGIT_RUN = re.compile(r"\d(?:[ +\-.()/]{0,3}\d)*")
+NUMBER_WINDOW = 7  # consecutive digits of a private number flagged in any spelling (a phone's)
+DETAIL_MIN_CHARS = 5  # shorter local parts and domain names match too much ordinary text
+# Domain names that say nothing about the user: never flagged on their own.
+COMMON_MAIL_DOMAINS = frozenset({
+    "gmail", "googlemail", "yahoo", "hotmail", "outlook", "icloud", "proton", "protonmail",
+    "example", "email", "live", "mail",
+})
 
 
 class LeakHeld(Exception):
@@ -95,6 +109,49 @@ def pattern_matches(text: str, public_text: str = "") -> list[tuple[int, int, st
     return sorted(found)
 
 
+def private_details(private_text: str, public_text: str) -> tuple[frozenset[str], frozenset[str]]:
+    """(words, digit windows): the private text's personal data as the guard looks for it in
+    any spelling. Words: its e-mail addresses' local parts and domain names (lower case, at
+    least `DETAIL_MIN_CHARS`, common providers and top-level domains left out); digit windows:
+    every `NUMBER_WINDOW` consecutive digits of its phone, card and IBAN numbers. Matches that
+    are in the public text are left out, as are words the public text contains."""
+    words: set[str] = set()
+    digits: set[str] = set()
+    public_lower = public_text.lower()
+    for start, end, kind in pattern_matches(private_text, public_text):
+        found = private_text[start:end]
+        if kind == "email":
+            local, _, domain = found.lower().partition("@")
+            labels = domain.split(".")[:-1] if "." in domain else [domain]
+            words |= {w for w in [local, *labels]
+                      if len(w) >= DETAIL_MIN_CHARS and w not in COMMON_MAIL_DOMAINS}
+        elif kind in ("phone", "card", "iban"):
+            number = re.sub(r"\D", "", found)
+            digits |= {number[i : i + NUMBER_WINDOW]
+                       for i in range(len(number) - NUMBER_WINDOW + 1)}
+    return frozenset(w for w in words if w not in public_lower), frozenset(digits)
+
+
+def detail_matches(text: str, words: frozenset[str],
+                   digits: frozenset[str]) -> list[tuple[int, int, str]]:
+    """(start, end, kind) of private details in `text`: a word of `words` (not preceded by a
+    letter or digit; glued to what follows or not), and `NUMBER_WINDOW` digits of a number
+    run (however spaced) that are a window of `digits`."""
+    found = []
+    lower = text.lower()
+    for word in words:
+        for match in re.finditer(rf"(?<![a-z0-9]){re.escape(word)}", lower):
+            found.append((match.start(), match.end(), "email"))
+    if digits:
+        for run in _DIGIT_RUN.finditer(text):
+            at = [run.start() + i for i, c in enumerate(run.group()) if c.isdigit()]
+            number = "".join(text[i] for i in at)
+            for i in range(len(number) - NUMBER_WINDOW + 1):
+                if number[i : i + NUMBER_WINDOW] in digits:
+                    found.append((at[i], at[i + NUMBER_WINDOW - 1] + 1, "number"))
+    return sorted(found)
+
+
 @dataclass(frozen=True)
 class Flag:
     """The first token of a scanned run to withhold, and why ("ngram" or a pattern name)."""
@@ -130,6 +187,8 @@ class LeakGuard:
         self.private = private_ngrams(private_ids, public_ids, n)
         self.patterns = patterns
         self.public_text = tokenizer.decode(public_ids)
+        self.words, self.digits = private_details(tokenizer.decode(private_ids),
+                                                  self.public_text)
 
     def scan(self, context: Sequence[int], tokens: Sequence[int]) -> Flag | None:
         """The first token of `tokens` to withhold (None: nothing private in them)."""
@@ -163,7 +222,8 @@ class LeakGuard:
         decode = self.tokenizer.decode
         head = len(decode(before))
         text = decode([*before, *tokens])
-        matches = [m for m in pattern_matches(text, self.public_text) if m[1] > head]
+        matches = [m for m in [*pattern_matches(text, self.public_text),
+                               *detail_matches(text, self.words, self.digits)] if m[1] > head]
         if not matches:
             return None
         start = min(m[0] for m in matches)
