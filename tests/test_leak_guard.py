@@ -167,3 +167,21 @@ def test_details_the_public_prompt_holds_are_not_flagged(tok):
     public = "Reply to marta.kowalczyk@quillfeather.org on +44 20 7946 0958."
     guard = _guard(tok, n=8, public=public, private="x " + public)
     assert guard.scan([], tok.encode(" quillfeather and +442079 4 6")) is None
+
+
+@pytest.mark.parametrize("text", [
+    " THE QUARTERLY BUDGET STAYS FROZEN UNTIL THE BOARD",
+    " The  Quarterly  Budget,  Stays  Frozen  Until  The  Board",
+    "\nthe\nquarterly\nbudget\nstays\nfrozen\nuntil\nthe\nboard",
+])
+def test_a_copy_with_other_ids_is_flagged_as_private_words(tok, text):
+    """Re-cased, re-spaced or re-punctuated, a copy is other ids (the id windows miss it) but the
+    same words: the token completing `n` private words in a row is flagged."""
+    guard = _guard(tok, n=8)
+    ids = tok.encode(text)
+    assert guard._ngram([], ids) is None  # not the private prompt's ids
+    flag = guard.scan([], ids)
+    assert flag is not None and flag.kind == "words"
+    sent = tok.decode(ids[: flag.index]).lower()
+    assert "the" in sent and not sent.rstrip().endswith("board")  # seven words went up, not 8
+    assert tok.decode(ids[: flag.index + 1]).lower().split()[-1].startswith("b")

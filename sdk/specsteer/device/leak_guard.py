@@ -12,6 +12,10 @@ of disclosure and names the first token to withhold:
   IBAN- or card-like digit run, or a URL whose host is private (localhost, private IP ranges,
   .local/.lan/.internal/.corp/.home/.intranet), drafted and not in the public prompt's text;
   the first draft token overlapping the match is flagged.
+* **private words however tokenized**: `n` words in a row (letters and digits, lower-cased,
+  punctuation and spacing aside) that the private prompt has and the public one lacks: the
+  same copy written with other ids, which `redact` pushes the Specialist to ("  My town" for
+  " My town", a comma dropped); the token that completes the run is flagged.
 * **private details in any spelling**: the local parts and domain names of the e-mail
   addresses in the private prompt, wherever they appear (with or without "@", glued to other
   text), and any 7 consecutive digits of its phone, card or IBAN numbers however they are
@@ -80,6 +84,20 @@ def private_ngrams(
 ) -> frozenset[tuple[int, ...]]:
     """Windows of the private prompt that the public prompt does not contain."""
     return frozenset(ngrams(private_ids, n) - ngrams(public_ids, n))
+
+
+_WORD = re.compile(r"[^\W_]+")  # letters and digits: case, spacing and punctuation aside
+
+
+def words(text: str) -> list[str]:
+    """The words of `text`, lower-cased, without the punctuation and spacing between them."""
+    return _WORD.findall(text.lower())
+
+
+def private_word_windows(private_text: str, public_text: str, n: int) -> frozenset[tuple[str, ...]]:
+    """Runs of `n` words of the private text that the public text does not contain: the
+    same copy as `private_ngrams` however it is tokenized, cased, spaced or punctuated."""
+    return frozenset(ngrams(words(private_text), n) - ngrams(words(public_text), n))
 
 
 def private_host(host: str) -> bool:
@@ -187,14 +205,16 @@ class LeakGuard:
         self.private = private_ngrams(private_ids, public_ids, n)
         self.patterns = patterns
         self.public_text = tokenizer.decode(public_ids)
-        self.words, self.digits = private_details(tokenizer.decode(private_ids),
-                                                  self.public_text)
+        private_text = tokenizer.decode(private_ids)
+        self.private_words = private_word_windows(private_text, self.public_text, n)
+        self.words, self.digits = private_details(private_text, self.public_text)
 
     def scan(self, context: Sequence[int], tokens: Sequence[int]) -> Flag | None:
         """The first token of `tokens` to withhold (None: nothing private in them)."""
         if not tokens:
             return None
-        flags = [f for f in (self._ngram(context, tokens), self._pattern(context, tokens)) if f]
+        flags = [f for f in (self._ngram(context, tokens), self._respelled(context, tokens),
+                             self._pattern(context, tokens)) if f]
         return min(flags, key=lambda f: f.index) if flags else None
 
     def blocks(self, context: Sequence[int], token: int) -> bool:
@@ -213,6 +233,25 @@ class LeakGuard:
             end = lead + j + 1
             if end >= self.n and tuple(run[end - self.n : end]) in self.private:
                 return Flag(j, "ngram")
+        return None
+
+    def _respelled(self, context: Sequence[int], tokens: Sequence[int]) -> Flag | None:
+        """The first token that completes `n` private words in a row, whatever the ids: a
+        copy re-tokenized, re-cased or re-spaced (what `redact` pushes the Specialist to)."""
+        if not self.private_words:
+            return None
+        before = list(context[max(0, len(context) - PATTERN_CONTEXT_TOKENS) :])
+        decode = self.tokenizer.decode
+        done = len(decode(before).lower())
+        for j in range(len(tokens)):
+            text = decode([*before, *tokens[: j + 1]]).lower()
+            found = list(_WORD.finditer(text))
+            # windows ending in a word this token wrote or extended
+            for w in range(self.n - 1, len(found)):
+                if found[w].end() > done and tuple(
+                        m.group() for m in found[w - self.n + 1 : w + 1]) in self.private_words:
+                    return Flag(j, "words")
+            done = len(text)
         return None
 
     def _pattern(self, context: Sequence[int], tokens: Sequence[int]) -> Flag | None:
