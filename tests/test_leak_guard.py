@@ -185,3 +185,18 @@ def test_a_copy_with_other_ids_is_flagged_as_private_words(tok, text):
     sent = tok.decode(ids[: flag.index]).lower()
     assert "the" in sent and not sent.rstrip().endswith("board")  # seven words went up, not 8
     assert tok.decode(ids[: flag.index + 1]).lower().split()[-1].startswith("b")
+
+
+def test_redact_turns_away_the_same_text_in_other_spacing_or_case(tok):
+    """Turned away from " continuous", the real Specialist glued "continuous" on ("discrete
+    andcontinuous"): a redacted pick may not be a respelling of a token turned away."""
+    by_text: dict[str, list[int]] = {}
+    for token in range(tok.vocab_size):
+        by_text.setdefault(tok.decode([token]).strip().lower(), []).append(token)
+    twins = next(ids for text, ids in by_text.items() if len(text) > 1 and len(ids) > 1)
+    other = next(ids[0] for text, ids in by_text.items() if len(text) > 1 and ids != twins)
+    guard = _guard(tok, n=8)
+    ids = np.array([*twins, other])
+    mask = guard.redact_mask([], ids, withheld=twins[0])
+    assert mask.tolist() == [False] * len(twins) + [True]
+    assert guard.redact_mask([], ids).all()  # nothing withheld, nothing private: all allowed

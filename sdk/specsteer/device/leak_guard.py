@@ -224,6 +224,25 @@ class LeakGuard:
         """Mask over `ids`: True where the candidate discloses nothing."""
         return np.array([not self.blocks(context, int(t)) for t in ids], dtype=bool)
 
+    def redact_mask(self, context: Sequence[int], ids: np.ndarray,
+                    withheld: int | None = None) -> np.ndarray:
+        """Mask over candidate `ids` for `redact`'s pick: True where a candidate discloses
+        nothing, is not `withheld`, and is not a respelling of one turned away (the same text
+        with other spacing or case: turned away from " continuous", the Specialist glued
+        "andcontinuous" on, a copy in other ids and damaged text)."""
+        allowed = self.allowed(context, ids)
+        if withheld is not None:
+            allowed &= ids != withheld
+        decode = self.tokenizer.decode
+        away = {decode([int(t)]).strip().lower() for t in ids[~allowed]}
+        if withheld is not None:
+            away.add(decode([withheld]).strip().lower())
+        away.discard("")
+        if away:
+            allowed &= np.array([decode([int(t)]).strip().lower() not in away for t in ids],
+                                dtype=bool)
+        return allowed
+
     def _ngram(self, context: Sequence[int], tokens: Sequence[int]) -> Flag | None:
         if not self.private:
             return None
