@@ -423,8 +423,8 @@ def starvation(args: argparse.Namespace, console: Console) -> list[dict]:
     run from `args.before_pythonpath`."""
     from specsteer_companion.auth import TokenStore
 
-    companions = [("defaults", []),
-                  ("prompt budget lifted", ["--prefill-rate", "1e9", "--prefill-burst", "1000000000"])]
+    lifted = ["--prefill-rate", "1e9", "--prefill-burst", "1000000000"]
+    companions = [("defaults", []), ("prompt budget lifted", lifted)]
     if args.before_pythonpath:
         companions.append((f"before ({args.before_pythonpath})", []))
     results: list[dict] = []
