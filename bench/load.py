@@ -310,6 +310,8 @@ def main() -> None:
             args.json.write_text(json.dumps({"config": {k: v for k, v in vars(args).items()
                                                         if k != "json"},
                                              "starvation": results}, indent=2))
+        if any(r[level]["errors"] for r in results for level in ("alone", "abused")):
+            sys.exit(1)
         return
     modes = {"off": [False], "on": [True], "both": [False, True]}[args.batch]
     traces: list[Trace] = []
@@ -435,19 +437,12 @@ def starvation(args: argparse.Namespace, console: Console) -> list[dict]:
         legit = store.create("legit-device").secret
         abusers = [store.create(f"abuser-{i}").secret for i in range(args.abusers)]
         for name, extra in companions:
-            before = name.startswith("before")
-            saved = os.environ.get("PYTHONPATH")
-            if before:  # only the child imports from there; this process keeps its code
-                os.environ["PYTHONPATH"] = args.before_pythonpath
-            try:
-                proc, url = start_companion(
-                    args.generalist, args.specialist, args.precision, threads=args.threads,
-                    workers=args.workers, open_access=False,
-                    args=["--tokens", str(store_path), *extra])
-            finally:
-                if before:
-                    os.environ.pop("PYTHONPATH") if saved is None \
-                        else os.environ.__setitem__("PYTHONPATH", saved)
+            # a "before" companion imports from that checkout; this process keeps its code
+            env = {"PYTHONPATH": args.before_pythonpath} if name.startswith("before") else None
+            proc, url = start_companion(
+                args.generalist, args.specialist, args.precision, threads=args.threads,
+                workers=args.workers, open_access=False, env=env,
+                args=["--tokens", str(store_path), *extra])
             try:
                 if not traces:
                     traces = record_traces(args, url, legit)
