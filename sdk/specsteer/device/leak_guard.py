@@ -2,8 +2,8 @@
 
 A draft is the Specialist's continuation of the *private* prompt, so it can copy the user's
 history word for word; every drafted id goes to the companion. Before a draft leaves, the
-guard scans the ids the companion would hold (the text so far plus the draft) for two kinds
-of disclosure and names the first token to withhold:
+guard scans the ids the companion would hold (the text so far plus the draft) for these
+disclosures and names the first token to withhold:
 
 * **private n-grams**: a window of `n` consecutive token ids that occurs in the private prompt
   (history records) and not in the public prompt; the token completing the window is flagged,
@@ -24,10 +24,10 @@ of disclosure and names the first token to withhold:
 
 The policy (`Params.leak_guard`, applied in `device.rounds` and `device.loop`): "allow" counts
 flagged spans and sends them; "redact" cuts the draft before the flagged token and, in the fused
-pick at that position, bans the token it cut off and every candidate that would complete a
-flagged span; "hold" stops collaborating at
-the flagged token and finishes the generation on the device alone, so neither the span nor
-anything after it is sent. docs/companion-security.md ("Drafts and the leak guard") has the
+pick at that position, bans the token it cut off, every candidate that would complete a
+flagged span, and their respellings (`redact_mask`); "hold" stops collaborating at the flagged
+token and finishes the generation on the device alone, so neither the span nor anything after
+it is sent. docs/companion-security.md ("Drafts and the leak guard") has the
 threat model.
 """
 
