@@ -1,13 +1,15 @@
 """What drafts copy from the private history, with the leak guard off and on, and what it costs.
 
-For each newsgroups sender (the lab's email examples: query item, gold text, history) one
+For each user of the task (default: the newsgroups senders of the lab's email examples; query
+item, gold text, history) one
 greedy SpecSteer generation per policy (`allow` = guard off, `redact`, `hold`) through an
 in-process companion whose uplink frames are tapped. Counted independently of the guard, from
 the decoded frames: drafted tokens that went up and complete a window of `n` token ids found in
 the private prompt but not in the public one (per 1,000 drafted tokens sent), the same for every
 id sent after the prompt (committed + drafted), and output tokens completing such a window
-(per 1,000 output tokens: what the user gets). Plus ROUGE-1/L against the gold text and
-tokens/s.
+(per 1,000 output tokens: what the user gets); and spans of `n` words of the private prompt
+(not in the public one) in the text sent and in the output, which a copy re-tokenized to dodge the
+id windows cannot hide from. Plus ROUGE-1/L against the gold text and tokens/s.
 
     flock /tmp/specsteer-heavy.lock python bench/leak_guard.py --users 6 --gamma 0.1 \\
         --max-new-tokens 128 --json bench-leak.json
@@ -45,6 +47,23 @@ def copied(held: list[int], ids: list[int], private: frozenset[tuple[int, ...]],
                for j in range(len(ids)) if lead + j + 1 >= n)
 
 
+def word_spans(text: str, n: int) -> list[tuple[str, ...]]:
+    """Every run of `n` whitespace-separated words: a copy however it was tokenized."""
+    words = text.split()
+    return [tuple(words[i : i + n]) for i in range(len(words) - n + 1)]
+
+
+def sent_ids(frames: list[tuple[str, bytes]]) -> list[int]:
+    """The committed and drafted ids that went up, in order (drafts the companion refused too)."""
+    ids: list[int] = []
+    for direction, frame in frames:
+        if direction == "up":
+            msg = protocol.decode(frame, protocol.Limits())
+            if isinstance(msg, protocol.Draft):
+                ids += [*msg.committed_ids, *msg.draft_ids]
+    return ids
+
+
 def audit(frames: list[tuple[str, bytes]], private: frozenset, n: int) -> dict[str, int]:
     """Drafted / all sent ids, and how many of each complete a private n-gram."""
     up = [protocol.decode(f, protocol.Limits()) for d, f in frames if d == "up"]
@@ -70,6 +89,8 @@ def audit(frames: list[tuple[str, bytes]], private: frozenset, n: int) -> dict[s
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--task", default="email",
+                        help="email (newsgroups senders), abstract (ACL authors), tweet, ...")
     parser.add_argument("--users", type=int, default=6)
     parser.add_argument("--gamma", type=float, default=0.1)
     parser.add_argument("--max-new-tokens", type=int, default=128)
@@ -80,15 +101,21 @@ def main() -> None:
 
     specialist = load_model(compile_model("qwen2.5-0.5b", args.precision))
     generalist = load_model(compile_model("qwen2.5-1.5b", args.precision))
-    harness = Harness(specialist, generalist, EvalConfig(task="email"))
+    harness = Harness(specialist, generalist, EvalConfig(task=args.task))
     rows = []
-    for example in load_examples("email", users=args.users):
+    for example in load_examples(args.task, users=args.users):
         prepared = harness.prepare(example)
         prompt = prepared.device
         private = private_ngrams(prompt.private_ids, prompt.public_ids, args.n)
+        decode_text = specialist.tokenizer.decode
+        private_words = set(word_spans(decode_text(prompt.private_ids), args.n)) \
+            - set(word_spans(decode_text(prompt.public_ids), args.n))
         for policy in POLICIES:
+            # no warm start: its switch point depends on when the prefill ends, so the three
+            # policies' texts would differ by timing, not by the guard
             params = Params(gamma=args.gamma, max_new_tokens=args.max_new_tokens,
-                            pipeline=False, leak_guard=policy, leak_guard_n=args.n)
+                            pipeline=False, warm_start=False, leak_guard=policy,
+                            leak_guard_n=args.n)
             frames: list[tuple[str, bytes]] = []
             link = CompanionLink(LocalChannel.for_verifier(harness.verifier),
                                  tap=lambda d, f, frames=frames: frames.append((d, f)))
@@ -108,6 +135,12 @@ def main() -> None:
                 output_copied=copied([], tokens, private, args.n),
                 flagged=stats.leak_flagged, redacted=stats.leak_redacted, held=stats.leak_held,
                 acceptance=stats.acceptance_rate, **audit(frames, private, args.n),
+                text=text,
+                # n-word spans of the private prompt (not in the public one) in the text that
+                # went up and in the output, however tokenized: a re-tokenized copy shows here
+                sent_word_spans=sum(w in private_words for w in word_spans(
+                    decode_text(sent_ids(frames)), args.n)),
+                output_word_spans=sum(w in private_words for w in word_spans(text, args.n)),
             ))
             print(json.dumps(rows[-1]), flush=True)
     if args.json:
@@ -119,7 +152,8 @@ def report(rows: list[dict]) -> None:
     table = Table(title="leak guard: copies of private n-grams per 1,000 tokens, and its cost")
     for column in ("policy", "drafted sent", "copied /1k drafted", "copied /1k sent",
                    "copied /1k output", "flagged", "redacted", "held", "ROUGE-1", "ROUGE-L",
-                   "tokens/s", "users with copies sent"):
+                   "tokens/s", "users with copies sent", "8-word spans sent",
+                   "8-word spans output"):
         table.add_column(column)
     for policy in POLICIES:
         mine = [r for r in rows if r["policy"] == policy]
@@ -136,8 +170,10 @@ def report(rows: list[dict]) -> None:
             f"{sum(r['rougeL'] for r in mine) / len(mine):.4f}",
             f"{total['tokens'] / total['wall_s']:.2f}",
             f"{sum(r['sent_copied'] > 0 for r in mine)} of {len(mine)}",
+            str(sum(r["sent_word_spans"] for r in mine)),
+            str(sum(r["output_word_spans"] for r in mine)),
         )
-    Console().print(table)
+    Console(width=220).print(table)
 
 
 if __name__ == "__main__":

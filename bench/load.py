@@ -22,6 +22,17 @@ both` runs a plain companion and then a batching one on the same recorded traces
 tables compare directly (and every batched reply is checked against the plain companion's).
 
     python bench/load.py --devices 1 4 8 16 --generations 6 --batch both --json bench-load.json
+
+`--abusers K` runs the starvation scenario of issue 19 instead: one legitimate device replays
+its recorded generations alone, then again while K other token holders (each its own device
+token in the companion's store) reopen sessions over `--abuser-prompt-tokens`-token prompts as
+fast as the companion answers, reconnecting whenever it refuses them. Reported: the legitimate
+device's round latency (p50/p99) alone and under abuse, and the abusers' served and refused
+opens. It runs on a companion with the default limits and on one with the prompt budget lifted
+(what fair scheduling does alone); `--before-pythonpath DIR` adds a companion run from another
+checkout (the code before the defences) for the "before" number:
+
+    python bench/load.py --abusers 3 --workers 1 --generations 8 --json bench-starvation.json
 """
 
 from __future__ import annotations
@@ -32,6 +43,7 @@ import os
 import platform
 import statistics
 import sys
+import tempfile
 import threading
 import time
 from dataclasses import asdict, dataclass, field
@@ -276,6 +288,13 @@ def main() -> None:
         action="store_true",
         help="send each request as soon as the previous reply arrived",
     )
+    ap.add_argument("--abusers", type=int, default=0,
+                    help="starvation scenario: token holders reopening long prompts (0: off)")
+    ap.add_argument("--abuser-prompt-tokens", type=int, default=2040)
+    ap.add_argument("--abuse-warmup-s", type=float, default=3.0,
+                    help="abuse before the device is measured (spends the first burst)")
+    ap.add_argument("--before-pythonpath",
+                    help="with --abusers: also run a companion from this source path")
     ap.add_argument("--json", type=Path, help="write the results here")
     args = ap.parse_args()
     if args.generalist is None or args.specialist is None:
@@ -284,6 +303,16 @@ def main() -> None:
         args.generalist = args.generalist or str(tiny_model_dir("llama", seed=1))
         args.specialist = args.specialist or str(tiny_model_dir("llama", seed=0))
     console = Console(width=140)
+    if args.abusers:
+        results = starvation(args, console)
+        console.print(starvation_table(results, args))
+        if args.json:
+            args.json.write_text(json.dumps({"config": {k: v for k, v in vars(args).items()
+                                                        if k != "json"},
+                                             "starvation": results}, indent=2))
+        if any(r[level]["errors"] for r in results for level in ("alone", "abused")):
+            sys.exit(1)
+        return
     modes = {"off": [False], "on": [True], "both": [False, True]}[args.batch]
     traces: list[Trace] = []
     runs: dict[bool, list[Level]] = {}
@@ -344,13 +373,152 @@ def main() -> None:
         sys.exit(1)
 
 
-def record_traces(args: argparse.Namespace, url: str) -> list[Trace]:
+@dataclass
+class Abuse:
+    """What the abusing token holders got while the legitimate device was measured."""
+
+    opened: int = 0  # OpenSessions served: prompts the companion prefilled
+    refused: int = 0  # OpenSessions or Hellos answered with an Error (the connection then ends)
+    logins: int = 0
+    dropped: int = 0  # connections that failed otherwise (refused at accept, reset, timeout)
+    reasons: dict[str, int] = field(default_factory=dict)
+
+
+def abuse(url: str, hello: protocol.Hello, token: str, opening: protocol.OpenSession,
+          stop: threading.Event, tally: Abuse, lock: threading.Lock) -> None:
+    """One token holder: log in, reopen the long-prompt session until refused, reconnect."""
+    while not stop.is_set():
+        try:
+            channel = WebSocketChannel(url, open_timeout=REPLY_TIMEOUT_S)
+        except (SpecSteerError, OSError):
+            with lock:
+                tally.dropped += 1
+            time.sleep(0.01)
+            continue
+        try:
+            channel.send(protocol.encode(protocol.Hello(
+                hello.generalist_sha256, hello.specialist_sha256, token, "abuser")))
+            reply = protocol.decode(channel.recv(REPLY_TIMEOUT_S), protocol.Limits())
+            if not isinstance(reply, protocol.Error):
+                with lock:
+                    tally.logins += 1
+            while not stop.is_set() and not isinstance(reply, protocol.Error):
+                channel.send(protocol.encode(opening))
+                reply = protocol.decode(channel.recv(REPLY_TIMEOUT_S), protocol.Limits())
+                with lock:
+                    tally.opened += isinstance(reply, protocol.SessionOpened)
+            if isinstance(reply, protocol.Error):
+                why = reply.message.split(":")[0]
+                with lock:
+                    tally.refused += 1
+                    tally.reasons[why] = tally.reasons.get(why, 0) + 1
+        except (SpecSteerError, OSError):
+            with lock:
+                tally.dropped += 1
+        finally:
+            channel.close()
+
+
+def starvation(args: argparse.Namespace, console: Console) -> list[dict]:
+    """The legitimate device's rounds alone and beside `args.abusers` long-prompt abusers, on a
+    companion with the default limits, one with the prompt budget lifted, and optionally one
+    run from `args.before_pythonpath`."""
+    from specsteer_companion.auth import TokenStore
+
+    lifted = ["--prefill-rate", "1e9", "--prefill-burst", "1000000000"]
+    companions = [("defaults", []), ("prompt budget lifted", lifted)]
+    if args.before_pythonpath:
+        companions.append((f"before ({args.before_pythonpath})", []))
+    results: list[dict] = []
+    traces: list[Trace] = []
+    with tempfile.TemporaryDirectory() as home:
+        store_path = Path(home) / "tokens.db"
+        store = TokenStore(store_path)
+        legit = store.create("legit-device").secret
+        abusers = [store.create(f"abuser-{i}").secret for i in range(args.abusers)]
+        for name, extra in companions:
+            # a "before" companion imports from that checkout; this process keeps its code
+            env = {"PYTHONPATH": args.before_pythonpath} if name.startswith("before") else None
+            proc, url = start_companion(
+                args.generalist, args.specialist, args.precision, threads=args.threads,
+                workers=args.workers, open_access=False, env=env,
+                args=["--tokens", str(store_path), *extra])
+            try:
+                if not traces:
+                    traces = record_traces(args, url, legit)
+                hello, opening = _hello_and_open(traces[0], args.abuser_prompt_tokens)
+                alone = run_level(url, traces, 1, args.generations, not args.no_pacing, proc.pid)
+                stop, lock, tally = threading.Event(), threading.Lock(), Abuse()
+                threads = [threading.Thread(target=abuse, args=(url, hello, token, opening, stop,
+                                                                tally, lock), daemon=True)
+                           for token in abusers]
+                for thread in threads:
+                    thread.start()
+                time.sleep(args.abuse_warmup_s)  # past the abusers' first burst
+                with lock:
+                    start = asdict(tally)
+                abused = run_level(url, traces, 1, args.generations, not args.no_pacing,
+                                   proc.pid)
+                with lock:
+                    during = {k: v - start[k] for k, v in asdict(tally).items()
+                              if k != "reasons"}
+                    reasons = dict(tally.reasons)
+                stop.set()
+                for thread in threads:
+                    thread.join(REPLY_TIMEOUT_S)
+            finally:
+                proc.terminate()
+                proc.wait(10)
+            results.append(dict(
+                companion=name, alone=asdict(alone), abused=asdict(abused),
+                abuse=dict(during, opened_per_s=during["opened"] / abused.wall_s,
+                           prompt_tokens_per_s=during["opened"] * args.abuser_prompt_tokens
+                           / abused.wall_s, reasons_whole_run=reasons)))
+            console.print(f"{name}: round p50 {alone.round_p50_ms:.1f} ms alone, "
+                          f"{abused.round_p50_ms:.1f} ms beside {args.abusers} abusers "
+                          f"({during['opened']} long prompts served, {during['refused']} "
+                          "refused meanwhile)")
+    return results
+
+
+def starvation_table(results: list[dict], args: argparse.Namespace) -> Table:
+    out = Table(title=f"one device's rounds beside {args.abusers} token holders reopening "
+                      f"{args.abuser_prompt_tokens}-token prompts ({args.workers} worker(s), "
+                      f"{Path(args.generalist).name} + {Path(args.specialist).name})")
+    for name in ["companion", "p50 alone ms", "p99 alone", "p50 abused ms", "p99 abused",
+                 "p50 ratio", "long prompts served/s", "refused", "device errors"]:
+        out.add_column(name, justify="right")
+    for r in results:
+        alone, abused, abuse_ = r["alone"], r["abused"], r["abuse"]
+        out.add_row(r["companion"], f"{alone['round_p50_ms']:.1f}",
+                    f"{alone['round_p99_ms']:.1f}", f"{abused['round_p50_ms']:.1f}",
+                    f"{abused['round_p99_ms']:.1f}",
+                    f"{abused['round_p50_ms'] / max(alone['round_p50_ms'], 1e-9):.1f}x",
+                    f"{abuse_['opened_per_s']:.1f}", str(abuse_["refused"]),
+                    str(alone["errors"] + abused["errors"]))
+    return out
+
+
+def _hello_and_open(trace: Trace, prompt_tokens: int) -> tuple[protocol.Hello,
+                                                               protocol.OpenSession]:
+    """The recorded Hello (its model hashes) and OpenSession (its settings), the prompt
+    repeated to `prompt_tokens` ids."""
+    messages = [protocol.decode(step.frame, protocol.Limits()) for step in trace.steps]
+    hello = next(m for m in messages if isinstance(m, protocol.Hello))
+    opened = next(m for m in messages if isinstance(m, protocol.OpenSession))
+    ids = list(opened.prompt_ids)
+    prompt = (ids * (prompt_tokens // len(ids) + 1))[:prompt_tokens]
+    return hello, protocol.OpenSession(tuple(prompt), opened.settings)
+
+
+def record_traces(args: argparse.Namespace, url: str, token: str = "") -> list[Trace]:
     """One real generation per query through the companion at `url`."""
     store = HistoryStore(memory=True)
     for title, body in HISTORY:
         store.add(kind="email", title=title, body=body)
     client = Client(
-        load_model(args.specialist, precision=args.precision), history=store, companion=url
+        load_model(args.specialist, precision=args.precision), history=store, companion=url,
+        token=token,
     )
     params = {"method": args.method, "max_new_tokens": args.max_new_tokens}
     return [record(client, query, params) for query in QUERIES]

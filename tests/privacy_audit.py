@@ -81,3 +81,49 @@ def assert_canary_not_sent(tok: Tokenizer, frames: list[tuple[str, bytes]], cana
         leaked = [run for run in runs if contains(ids, run)]
         assert not leaked, f"canary tokenization {leaked[0]} went up"
         assert canary.encode() not in table.bytes_of(ids), "the ids sent up spell the canary"
+
+
+def private_windows(private_ids: list[int], public_ids: list[int], n: int) -> set[tuple[int, ...]]:
+    """Windows of `n` ids in the private prompt that the public one lacks (written here apart
+    from the leak guard's own, so a test does not trust the code under test)."""
+    def windows(ids: list[int]) -> set[tuple[int, ...]]:
+        return {tuple(ids[i : i + n]) for i in range(len(ids) - n + 1)}
+    return windows(list(private_ids)) - windows(list(public_ids))
+
+
+def copied_ids_sent(frames: list[tuple[str, bytes]], private: set[tuple[int, ...]]) -> int:
+    """Ids that went up (committed, drafted, or re-sent in a Resume) completing one of the
+    `private` windows after the output the companion holds: per session, the committed ids
+    and the accepted drafts (from the Verdicts that came down)."""
+    n = len(next(iter(private))) if private else 0
+    verdicts = iter(protocol.decode(f, protocol.Limits()) for d, f in frames if d == "down")
+    held: list[int] = []
+    copied = 0
+
+    def send(ids: list[int]) -> int:
+        run = [*held[max(0, len(held) - (n - 1)) :], *ids]
+        lead = len(run) - len(ids)
+        return sum(tuple(run[lead + j + 1 - n : lead + j + 1]) in private
+                   for j in range(len(ids)) if lead + j + 1 >= n)
+
+    for msg in uplink(frames):
+        if isinstance(msg, protocol.OpenSession):
+            held = []
+        elif isinstance(msg, protocol.Resume):
+            held = []
+            copied += send(list(msg.committed_ids))
+            held = list(msg.committed_ids)
+        elif isinstance(msg, protocol.Draft | protocol.RowRequest):
+            copied += send(list(msg.committed_ids))
+            held += list(msg.committed_ids)
+            if isinstance(msg, protocol.Draft):
+                copied += send(list(msg.draft_ids))
+                verdict = next(v for v in verdicts if isinstance(v, protocol.Verdict))
+                held += list(msg.draft_ids[: verdict.accepted])
+    return copied
+
+
+def text_sent(tok: Tokenizer, frames: list[tuple[str, bytes]]) -> str:
+    """What the committed and drafted ids that went up spell, joined (as a companion that
+    decodes everything it receives would read it)."""
+    return tok.decode(uplink_id_lists(frames)[-1])

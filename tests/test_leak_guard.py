@@ -123,3 +123,80 @@ def test_settings_are_checked(tok):
         Params(leak_guard_n=1)
     with pytest.raises(ValueError, match="policy"):
         _guard(tok, policy="block")
+
+
+DETAILS = ("Earlier emails: write to marta.kowalczyk@quillfeather.org or call me on "
+           "+44 20 7946 0958. " + PUBLIC)
+
+
+@pytest.mark.parametrize("text,kind", [
+    (" @quillfeather.org", "email"),  # turned away from "kowalczyk@", the Specialist spaced it
+    (" write to quillfeatherourcompany.com", "email"),  # glued to other text
+    (" Marta.Kowalczyk at the office", "email"),  # the local part without "@", other case
+    (" call +442079 4 6", "number"),  # 7 digits of the number, respaced
+    (" 4 4 2 0 7 9 4", "number"),
+    (" 794 6 0 9 5 8", "number"),
+])
+def test_private_details_are_flagged_in_any_spelling(tok, text, kind):
+    guard = _guard(tok, n=8, private=DETAILS)
+    ids = tok.encode(text)
+    flag = guard.scan([], ids)
+    assert flag is not None and flag.kind == kind
+    assert not pattern_matches(text) or kind == "email"  # the patterns alone miss most of them
+
+
+@pytest.mark.parametrize("text", [
+    " the example.com office", " we have 2079 members and 46 rooms", " call 0800 111 222 3",
+    " Marta will send it",  # a first name is no e-mail local part
+])
+def test_other_numbers_and_words_are_not_private_details(tok, text):
+    guard = _guard(tok, n=8, private=DETAILS)
+    flag = guard.scan([], tok.encode(text))
+    assert flag is None or flag.kind == "phone"  # a phone pattern of its own, not this user's
+
+
+def test_a_private_number_split_over_rounds_is_caught_at_its_seventh_digit(tok):
+    guard = _guard(tok, n=8, private=DETAILS)
+    sent = tok.encode(" call me on +442079")  # six digits went up: not yet a window
+    assert guard.scan([], sent) is None
+    flag = guard.scan(sent, tok.encode(" 4 6 0958"))
+    assert flag is not None and flag.index == 0 and flag.kind == "number"
+
+
+def test_details_the_public_prompt_holds_are_not_flagged(tok):
+    public = "Reply to marta.kowalczyk@quillfeather.org on +44 20 7946 0958."
+    guard = _guard(tok, n=8, public=public, private="x " + public)
+    assert guard.scan([], tok.encode(" quillfeather and +442079 4 6")) is None
+
+
+@pytest.mark.parametrize("text", [
+    " THE QUARTERLY BUDGET STAYS FROZEN UNTIL THE BOARD",
+    " The  Quarterly  Budget,  Stays  Frozen  Until  The  Board",
+    "\nthe\nquarterly\nbudget\nstays\nfrozen\nuntil\nthe\nboard",
+])
+def test_a_copy_with_other_ids_is_flagged_as_private_words(tok, text):
+    """Re-cased, re-spaced or re-punctuated, a copy is other ids (the id windows miss it) but the
+    same words: the token completing `n` private words in a row is flagged."""
+    guard = _guard(tok, n=8)
+    ids = tok.encode(text)
+    assert guard._ngram([], ids) is None  # not the private prompt's ids
+    flag = guard.scan([], ids)
+    assert flag is not None and flag.kind == "words"
+    sent = tok.decode(ids[: flag.index]).lower()
+    assert "the" in sent and not sent.rstrip().endswith("board")  # seven words went up, not 8
+    assert tok.decode(ids[: flag.index + 1]).lower().split()[-1].startswith("b")
+
+
+def test_redact_turns_away_the_same_text_in_other_spacing_or_case(tok):
+    """Turned away from " continuous", the real Specialist glued "continuous" on ("discrete
+    andcontinuous"): a redacted pick may not be a respelling of a token turned away."""
+    by_text: dict[str, list[int]] = {}
+    for token in range(tok.vocab_size):
+        by_text.setdefault(tok.decode([token]).strip().lower(), []).append(token)
+    twins = next(ids for text, ids in by_text.items() if len(text) > 1 and len(ids) > 1)
+    other = next(ids[0] for text, ids in by_text.items() if len(text) > 1 and ids != twins)
+    guard = _guard(tok, n=8)
+    ids = np.array([*twins, other])
+    mask = guard.redact_mask([], ids, withheld=twins[0])
+    assert mask.tolist() == [False] * len(twins) + [True]
+    assert guard.redact_mask([], ids).all()  # nothing withheld, nothing private: all allowed

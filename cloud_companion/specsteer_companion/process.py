@@ -30,6 +30,7 @@ def start_companion(
     args: Sequence[str] = (),
     descriptor_limit: int | None = None,
     startup: list[str] | None = None,
+    env: dict[str, str] | None = None,
 ) -> tuple[subprocess.Popen[str], str]:
     """Start a companion on a free loopback port; return it and its ws:// (or wss://) URL.
 
@@ -37,7 +38,8 @@ def start_companion(
     `open_access` adds `--open`; without it pass `--tokens STORE` in `args` (or set
     $SPECSTEER_COMPANION_HOME). `args` go to `serve` as they are (e.g. `--cert`, `--key`).
     `descriptor_limit` sets the child's `ulimit -n`. `startup` receives the lines the child
-    printed up to and including its ready line.
+    printed up to and including its ready line. `env` adds to (or overrides) the child's
+    environment, e.g. `PYTHONPATH` to run another checkout's companion.
     """
     cmd = [
         sys.executable,
@@ -72,7 +74,7 @@ def start_companion(
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        env={**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1"},
         preexec_fn=pin,
     )
     assert proc.stdout is not None

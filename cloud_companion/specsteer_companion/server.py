@@ -1,12 +1,13 @@
 """The companion's websocket server: a thin asyncio adapter over `CompanionEndpoint`.
 
 One endpoint (protocol state machine + verifier session) per connection; model work runs on a
-`FairExecutor`, one queue per device served round-robin, so a device that floods frames delays
-only itself (with batching models, one thread per session, so that all of them can wait for the
-same pass). Enforced here are the limits only an adapter can see: connections per address and in
-total (lowered to fit the descriptor limit), the Hello deadline, frame size (websockets'
-max_size), idle time, requests per connection, prompt tokens per device, session counts, and
-token revocation for live connections. Repeated log messages are throttled (`logthrottle`).
+`FairExecutor`, one queue per device, the device charged least for worker time served first, so
+a device that floods frames or long prompts delays mostly itself (with batching models, one
+thread per session, so that all of them can wait for the same pass). Enforced here are the
+limits only an adapter can see: connections per address and in total (lowered to fit the
+descriptor limit), the Hello deadline, frame size (websockets' max_size), idle time, requests
+per connection, prompt tokens per device, session counts, and token revocation for live
+connections. Repeated log messages are throttled (`logthrottle`).
 """
 
 from __future__ import annotations

@@ -376,7 +376,7 @@ def _check_token_transport(url: str, allow_insecure: bool) -> None:
         raise CompanionConfigError(
             f"refusing to send the device token over unencrypted ws:// to {host}: anyone on "
             "the network path could read it; use a wss:// URL (TLS), or pass "
-            "allow_insecure=True on a trusted private network"
+            "allow_insecure=True (command line: --allow-insecure) on a trusted private network"
         )
     log.warning("sending the device token over unencrypted ws:// to %s (allow_insecure=True)",
                 host)

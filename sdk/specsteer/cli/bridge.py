@@ -26,6 +26,7 @@ def register(app: typer.Typer) -> None:
         history: options.History = None,
         companion: options.Companion = None,
         token: options.Token = "",
+        allow_insecure: options.AllowInsecure = False,
         history_timeout_s: Annotated[
             float, typer.Option(help="Longest wait for a history file another app has locked")
         ] = 5.0,
@@ -83,7 +84,7 @@ def register(app: typer.Typer) -> None:
                 else HistoryStore(history, busy_timeout_s=history_timeout_s)
             taps: list[Callable[[str, bytes], None]] = []  # the Bridge's, once it exists
             client = Client(specialist, history=store, companion=companion, token=token,
-                            timeout_s=timeout_s,
+                            timeout_s=timeout_s, allow_insecure=allow_insecure,
                             tap=(lambda d, f: [tap(d, f) for tap in taps]) if audit_frames
                             else None)
         except SpecSteerError as exc:

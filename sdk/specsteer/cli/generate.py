@@ -88,6 +88,7 @@ def register(app: typer.Typer) -> None:
         history: options.History = None,
         companion: options.Companion = None,
         token: options.Token = "",
+        allow_insecure: options.AllowInsecure = False,
         method: Annotated[str, typer.Option()] = "specsteer",
         preset: Annotated[str | None, typer.Option(help="default | fast | strict")] = None,
         gamma: Annotated[float | None, typer.Option()] = None,
@@ -119,7 +120,8 @@ def register(app: typer.Typer) -> None:
         options.update({n: v for n, v in (("gamma", gamma), ("top_k", top_k)) if v is not None})
         query = request  # a plain string fills the task's first field
         try:
-            client = Client(specialist, history=history, companion=companion, token=token)
+            client = Client(specialist, history=history, companion=companion, token=token,
+                            allow_insecure=allow_insecure)
             if as_json:
                 result = client.generate(query, task=task, **options)
                 print(

@@ -2,8 +2,8 @@
 
 A draft is the Specialist's continuation of the *private* prompt, so it can copy the user's
 history word for word; every drafted id goes to the companion. Before a draft leaves, the
-guard scans the ids the companion would hold (the text so far plus the draft) for two kinds
-of disclosure and names the first token to withhold:
+guard scans the ids the companion would hold (the text so far plus the draft) for these
+disclosures and names the first token to withhold:
 
 * **private n-grams**: a window of `n` consecutive token ids that occurs in the private prompt
   (history records) and not in the public prompt; the token completing the window is flagged,
@@ -12,13 +12,22 @@ of disclosure and names the first token to withhold:
   IBAN- or card-like digit run, or a URL whose host is private (localhost, private IP ranges,
   .local/.lan/.internal/.corp/.home/.intranet), drafted and not in the public prompt's text;
   the first draft token overlapping the match is flagged.
+* **private words however tokenized**: `n` words in a row (letters and digits, lower-cased,
+  punctuation and spacing aside) that the private prompt has and the public one lacks: the
+  same copy written with other ids, which `redact` pushes the Specialist to ("  My town" for
+  " My town", a comma dropped); the token that completes the run is flagged.
+* **private details in any spelling**: the local parts and domain names of the e-mail
+  addresses in the private prompt, wherever they appear (with or without "@", glued to other
+  text), and any 7 consecutive digits of its phone, card or IBAN numbers however they are
+  spaced: the Specialist, turned away from a copy, writes " @domain" or "+442079 4 6..."
+  next, which the patterns alone let through.
 
 The policy (`Params.leak_guard`, applied in `device.rounds` and `device.loop`): "allow" counts
 flagged spans and sends them; "redact" cuts the draft before the flagged token and, in the fused
-pick at that position, bans the token it cut off and every candidate that would complete a
-flagged span; "hold" stops collaborating at
-the flagged token and finishes the generation on the device alone, so neither the span nor
-anything after it is sent. docs/companion-security.md ("Drafts and the leak guard") has the
+pick at that position, bans the token it cut off, every candidate that would complete a
+flagged span, and their respellings (`redact_mask`); "hold" stops collaborating at the flagged
+token and finishes the generation on the device alone, so neither the span nor anything after
+it is sent. docs/companion-security.md ("Drafts and the leak guard") has the
 threat model.
 """
 
@@ -46,6 +55,15 @@ PATTERNS: dict[str, re.Pattern[str]] = {
     "url": re.compile(r"\b(?:https?|ftp)://([A-Za-z0-9.-]+|\[[0-9a-fA-F:]+\])"),
 }
 _DATE = re.compile(r"\d{4}[-./]\d{1,2}[-./]\d{1,2}|\d{1,2}[-./]\d{1,2}[-./]\d{4}")
+# Digits as a number is written, respaced or split: at most three of " +-.()/" between two digits.
+_DIGIT_RUN = re.compile(r"\d(?:[ +\-.()/]{0,3}\d)*")
+NUMBER_WINDOW = 7  # consecutive digits of a private number flagged in any spelling (a phone's)
+DETAIL_MIN_CHARS = 5  # shorter local parts and domain names match too much ordinary text
+# Domain names that say nothing about the user: never flagged on their own.
+COMMON_MAIL_DOMAINS = frozenset({
+    "gmail", "googlemail", "yahoo", "hotmail", "outlook", "icloud", "proton", "protonmail",
+    "example", "email", "live", "mail",
+})
 
 
 class LeakHeld(Exception):
@@ -66,6 +84,20 @@ def private_ngrams(
 ) -> frozenset[tuple[int, ...]]:
     """Windows of the private prompt that the public prompt does not contain."""
     return frozenset(ngrams(private_ids, n) - ngrams(public_ids, n))
+
+
+_WORD = re.compile(r"[^\W_]+")  # letters and digits: case, spacing and punctuation aside
+
+
+def words(text: str) -> list[str]:
+    """The words of `text`, lower-cased, without the punctuation and spacing between them."""
+    return _WORD.findall(text.lower())
+
+
+def private_word_windows(private_text: str, public_text: str, n: int) -> frozenset[tuple[str, ...]]:
+    """Runs of `n` words of the private text that the public text does not contain: the
+    same copy as `private_ngrams` however it is tokenized, cased, spaced or punctuated."""
+    return frozenset(ngrams(words(private_text), n) - ngrams(words(public_text), n))
 
 
 def private_host(host: str) -> bool:
@@ -92,6 +124,49 @@ def pattern_matches(text: str, public_text: str = "") -> list[tuple[int, int, st
             if match.group() in public_text:
                 continue
             found.append((match.start(), match.end(), kind))
+    return sorted(found)
+
+
+def private_details(private_text: str, public_text: str) -> tuple[frozenset[str], frozenset[str]]:
+    """(words, digit windows): the private text's personal data as the guard looks for it in
+    any spelling. Words: its e-mail addresses' local parts and domain names (lower case, at
+    least `DETAIL_MIN_CHARS`, common providers and top-level domains left out); digit windows:
+    every `NUMBER_WINDOW` consecutive digits of its phone, card and IBAN numbers. Matches that
+    are in the public text are left out, as are words the public text contains."""
+    words: set[str] = set()
+    digits: set[str] = set()
+    public_lower = public_text.lower()
+    for start, end, kind in pattern_matches(private_text, public_text):
+        found = private_text[start:end]
+        if kind == "email":
+            local, _, domain = found.lower().partition("@")
+            labels = domain.split(".")[:-1] if "." in domain else [domain]
+            words |= {w for w in [local, *labels]
+                      if len(w) >= DETAIL_MIN_CHARS and w not in COMMON_MAIL_DOMAINS}
+        elif kind in ("phone", "card", "iban"):
+            number = re.sub(r"\D", "", found)
+            digits |= {number[i : i + NUMBER_WINDOW]
+                       for i in range(len(number) - NUMBER_WINDOW + 1)}
+    return frozenset(w for w in words if w not in public_lower), frozenset(digits)
+
+
+def detail_matches(text: str, words: frozenset[str],
+                   digits: frozenset[str]) -> list[tuple[int, int, str]]:
+    """(start, end, kind) of private details in `text`: a word of `words` (not preceded by a
+    letter or digit; glued to what follows or not), and `NUMBER_WINDOW` digits of a number
+    run (however spaced) that are a window of `digits`."""
+    found = []
+    lower = text.lower()
+    for word in words:
+        for match in re.finditer(rf"(?<![a-z0-9]){re.escape(word)}", lower):
+            found.append((match.start(), match.end(), "email"))
+    if digits:
+        for run in _DIGIT_RUN.finditer(text):
+            at = [run.start() + i for i, c in enumerate(run.group()) if c.isdigit()]
+            number = "".join(text[i] for i in at)
+            for i in range(len(number) - NUMBER_WINDOW + 1):
+                if number[i : i + NUMBER_WINDOW] in digits:
+                    found.append((at[i], at[i + NUMBER_WINDOW - 1] + 1, "number"))
     return sorted(found)
 
 
@@ -130,12 +205,16 @@ class LeakGuard:
         self.private = private_ngrams(private_ids, public_ids, n)
         self.patterns = patterns
         self.public_text = tokenizer.decode(public_ids)
+        private_text = tokenizer.decode(private_ids)
+        self.private_words = private_word_windows(private_text, self.public_text, n)
+        self.words, self.digits = private_details(private_text, self.public_text)
 
     def scan(self, context: Sequence[int], tokens: Sequence[int]) -> Flag | None:
         """The first token of `tokens` to withhold (None: nothing private in them)."""
         if not tokens:
             return None
-        flags = [f for f in (self._ngram(context, tokens), self._pattern(context, tokens)) if f]
+        flags = [f for f in (self._ngram(context, tokens), self._respelled(context, tokens),
+                             self._pattern(context, tokens)) if f]
         return min(flags, key=lambda f: f.index) if flags else None
 
     def blocks(self, context: Sequence[int], token: int) -> bool:
@@ -144,6 +223,25 @@ class LeakGuard:
     def allowed(self, context: Sequence[int], ids: Iterable[int]) -> np.ndarray:
         """Mask over `ids`: True where the candidate discloses nothing."""
         return np.array([not self.blocks(context, int(t)) for t in ids], dtype=bool)
+
+    def redact_mask(self, context: Sequence[int], ids: np.ndarray,
+                    withheld: int | None = None) -> np.ndarray:
+        """Mask over candidate `ids` for `redact`'s pick: True where a candidate discloses
+        nothing, is not `withheld`, and is not a respelling of one turned away (the same text
+        with other spacing or case: turned away from " continuous", the Specialist glued
+        "andcontinuous" on, a copy in other ids and damaged text)."""
+        allowed = self.allowed(context, ids)
+        if withheld is not None:
+            allowed &= ids != withheld
+        decode = self.tokenizer.decode
+        away = {decode([int(t)]).strip().lower() for t in ids[~allowed]}
+        if withheld is not None:
+            away.add(decode([withheld]).strip().lower())
+        away.discard("")
+        if away:
+            allowed &= np.array([decode([int(t)]).strip().lower() not in away for t in ids],
+                                dtype=bool)
+        return allowed
 
     def _ngram(self, context: Sequence[int], tokens: Sequence[int]) -> Flag | None:
         if not self.private:
@@ -156,6 +254,25 @@ class LeakGuard:
                 return Flag(j, "ngram")
         return None
 
+    def _respelled(self, context: Sequence[int], tokens: Sequence[int]) -> Flag | None:
+        """The first token that completes `n` private words in a row, whatever the ids: a
+        copy re-tokenized, re-cased or re-spaced (what `redact` pushes the Specialist to)."""
+        if not self.private_words:
+            return None
+        before = list(context[max(0, len(context) - PATTERN_CONTEXT_TOKENS) :])
+        decode = self.tokenizer.decode
+        done = len(decode(before).lower())
+        for j in range(len(tokens)):
+            text = decode([*before, *tokens[: j + 1]]).lower()
+            found = list(_WORD.finditer(text))
+            # windows ending in a word this token wrote or extended
+            for w in range(self.n - 1, len(found)):
+                if found[w].end() > done and tuple(
+                        m.group() for m in found[w - self.n + 1 : w + 1]) in self.private_words:
+                    return Flag(j, "words")
+            done = len(text)
+        return None
+
     def _pattern(self, context: Sequence[int], tokens: Sequence[int]) -> Flag | None:
         if not self.patterns:
             return None
@@ -163,7 +280,8 @@ class LeakGuard:
         decode = self.tokenizer.decode
         head = len(decode(before))
         text = decode([*before, *tokens])
-        matches = [m for m in pattern_matches(text, self.public_text) if m[1] > head]
+        matches = [m for m in [*pattern_matches(text, self.public_text),
+                               *detail_matches(text, self.words, self.digits)] if m[1] > head]
         if not matches:
             return None
         start = min(m[0] for m in matches)

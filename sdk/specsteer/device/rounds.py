@@ -298,8 +298,9 @@ class SteeredRounds:
         Ids in `banned` are never picked (end-of-text before the minimum length): if the
         companion offered nothing else, the Specialist's own choice stands in. Under "redact"
         a pick that is the token just cut from the draft (`withheld`: the flagged span's first
-        token) or would complete a flagged span is turned away: the best other candidate, or
-        (none left) the Specialist's best token that discloses nothing."""
+        token) or would complete a flagged span is turned away, and so is the same text in
+        other spacing or case: the best other candidate, or (none left) the Specialist's best
+        token that discloses nothing."""
         params = self.params
         if self.mode is Mode.SPECULATIVE:
             token = int(verdict.ids[0])
@@ -325,7 +326,7 @@ class SteeredRounds:
                 return token
             self.stats.leak_flagged += 1  # a new span, begun by the pick itself
             self.stats.leak_redacted += 1
-        allowed = guard.allowed(context, candidates.ids) & (candidates.ids != withheld)
+        allowed = guard.redact_mask(context, candidates.ids, withheld)
         if not allowed.any():
             return best_allowed(guard, context, sc_row, withheld)
         return steer.pick(candidates.ids, np.where(allowed, scores, -np.inf), params.temperature,
