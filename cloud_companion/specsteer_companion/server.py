@@ -18,8 +18,8 @@ import logging
 import ssl
 import threading
 import time
-from collections.abc import Callable, Collection, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from functools import partial
 
 from websockets.asyncio.server import ServerConnection, serve
@@ -45,15 +45,12 @@ from specsteer_companion.limits import (
     TokenBucket,
     connection_cap,
 )
+from specsteer_companion.revocation import REVOKED_MESSAGE, RevocationCheck, watch_revocations
 from specsteer_companion.scheduler import FairExecutor
 from specsteer_companion.verifier import Verifier
 
 log = logging.getLogger("specsteer_companion")
 THROTTLE = logthrottle.Throttle()  # one per process: every server shares the log it writes to
-REVOKED_MESSAGE = "device token revoked"
-
-# Token ids in, the revoked ones among them out (e.g. `TokenStore.revoked_among`).
-RevocationCheck = Callable[[Collection[str]], "set[str]"]
 
 
 @dataclass
@@ -86,7 +83,10 @@ class _Live:
     key: str  # the scheduling queue before login: the peer address
     busy: bool = False  # a frame of it is being handled on a worker thread
     revoked: bool = False
-    closing: asyncio.Task[None] | None = field(default=None, repr=False)
+
+    @property
+    def identity(self) -> str | None:
+        return self.endpoint.identity
 
 
 def _descriptor_limit() -> int | None:
@@ -278,27 +278,9 @@ class CompanionServer:
 
     async def _watch(self) -> None:
         """Every `revocation_check_s`: end connections whose token was revoked, tidy budgets."""
-        loop = asyncio.get_running_loop()
-        while True:
-            await asyncio.sleep(self.config.revocation_check_s)
-            self._forget_full_buckets()
-            if self.check_revoked is None:
-                continue
-            identities = {c.endpoint.identity for c in self._live if c.endpoint.identity}
-            if not identities:
-                continue
-            try:
-                revoked = await loop.run_in_executor(None, self.check_revoked, identities)
-            except Exception:  # a busy or broken store: keep serving, try again next time
-                log.exception("could not check for revoked tokens")
-                continue
-            for conn in [c for c in self._live if c.endpoint.identity in revoked]:
-                if conn.revoked:
-                    continue
-                conn.revoked = True
-                log.info("closing a connection of revoked token %s", conn.endpoint.identity)
-                if not conn.busy:  # idle in recv: tell it now; a busy one is told after its frame
-                    conn.closing = asyncio.create_task(self._end_revoked(conn))
+        await watch_revocations(lambda: self._live, self.check_revoked,
+                                self.config.revocation_check_s, self._end_revoked,
+                                tidy=self._forget_full_buckets)
 
     async def _end_revoked(self, conn: _Live) -> None:
         with contextlib.suppress(ConnectionClosed):
