@@ -41,6 +41,7 @@ from specsteer_companion.limits import (
     DEFAULT_PREFILL_BURST,
     DEFAULT_PREFILL_TOKENS_PER_S,
     DEFAULT_RATE_PER_S,
+    PrefillBudget,
     SessionCounter,
     TokenBucket,
     connection_cap,
@@ -112,6 +113,14 @@ def prompt_tokens(frame: bytes, limits: Limits) -> int:
     return len(message.prompt_ids) if isinstance(message, protocol.OpenSession) else 0
 
 
+def prefill_refusal(budget: PrefillBudget, identity: str, tokens: int) -> str | None:
+    """None if `identity` may prefill `tokens` prompt tokens now, else what to tell it."""
+    wait = budget.wait_s(identity, tokens)
+    if wait is None:
+        return None
+    return f"prompt budget exhausted: {tokens} prompt tokens, retry in {wait:.1f} s"
+
+
 class CompanionServer:
     """Serve one Verifier to many devices over websockets."""
 
@@ -132,8 +141,8 @@ class CompanionServer:
         self._connections = SessionCounter(
             max_per_token=min(self.config.max_connections_per_address, self.max_connections),
             max_total=self.max_connections)
-        self._prefill: dict[str, TokenBucket] = {}
-        self._prefill_lock = threading.Lock()
+        self._prefill = PrefillBudget(self.config.prefill_tokens_per_second,
+                                      self.config.prefill_burst)
         self._live: set[_Live] = set()
         self.port: int | None = None
         self.connections = 0  # handled (admitted and logged in or not) since start
@@ -198,27 +207,8 @@ class CompanionServer:
 
     # -- budgets -----------------------------------------------------------------------------
 
-    def _prefill_refusal(self, identity: str, tokens: int) -> str | None:
-        """None if `identity` may prefill `tokens` more prompt tokens now, else why not."""
-        with self._prefill_lock:
-            bucket = self._prefill.get(identity)
-            if bucket is None:
-                bucket = self._prefill[identity] = TokenBucket(
-                    self.config.prefill_tokens_per_second, self.config.prefill_burst)
-        cost = min(tokens, bucket.burst)
-        if bucket.try_acquire(cost):
-            return None
-        return (f"prompt budget exhausted: {tokens} prompt tokens, retry in "
-                f"{bucket.retry_after(cost):.1f} s")
-
     def _forget_full_buckets(self) -> None:
-        """Drop prefill buckets that have refilled (a new one would be the same) and whose
-        identity holds no connection: open mode makes a new identity per connection."""
-        live = {conn.endpoint.identity for conn in self._live}
-        with self._prefill_lock:
-            for identity, bucket in list(self._prefill.items()):
-                if identity not in live and bucket.available >= bucket.burst:
-                    del self._prefill[identity]
+        self._prefill.forget_full({conn.endpoint.identity or "" for conn in self._live})
 
     # -- one connection ----------------------------------------------------------------------
 
@@ -265,7 +255,7 @@ class CompanionServer:
             return endpoint.fail(ErrorCode.RATE_LIMITED, "too many requests")
         identity = endpoint.identity
         prefill = prompt_tokens(frame, self.limits) if identity is not None else 0
-        if prefill and (why := self._prefill_refusal(identity or "", prefill)):
+        if prefill and (why := prefill_refusal(self._prefill, identity or "", prefill)):
             return endpoint.fail(ErrorCode.RATE_LIMITED, why)
         conn.busy = True
         try:
