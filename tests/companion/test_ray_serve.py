@@ -62,18 +62,20 @@ def test_no_cluster_is_a_clear_error(tmp_path):
     assert "error: no Ray cluster at 'auto'" in done.stderr and "ray start --head" in done.stderr
 
 
-def test_ray_not_installed_is_a_clear_error(tmp_path):
-    """`import ray` fails in the child (None in sys.modules): one line saying what to install."""
+@pytest.mark.parametrize("missing", ["ray", "yaml"])
+def test_ray_not_installed_is_a_clear_error(tmp_path, missing):
+    """`import ray` (or the YAML reader that comes with it) fails in the child (None in
+    sys.modules): one line saying what to install, no traceback."""
     config = tmp_path / "ray.yaml"
     config.write_text("address: local\nopen_access: true\n")
-    run_cli = ("import runpy, sys; sys.modules['ray'] = None; "
+    run_cli = ("import runpy, sys; sys.modules[sys.argv[2]] = None; "
                "sys.argv = ['specsteer-companion', 'ray', 'serve', '--config', sys.argv[1]]; "
                "runpy.run_module('specsteer_companion.cli', run_name='__main__')")
-    done = subprocess.run([sys.executable, "-c", run_cli, str(config)], capture_output=True,
-                          text=True, env=_env(), timeout=120)
+    done = subprocess.run([sys.executable, "-c", run_cli, str(config), missing],
+                          capture_output=True, text=True, env=_env(), timeout=120)
     assert done.returncode == 1
     assert done.stderr.strip().splitlines() == [
-        "error: Ray Serve is not installed (no module 'ray'): "
+        f"error: Ray Serve is not installed (no module '{missing}'): "
         "pip install 'specsteer-companion[ray]'"]
 
 
