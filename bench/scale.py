@@ -71,7 +71,8 @@ def run_round(url: str, specialist, n: int, generations: int, tokens: int,
             with lock:
                 times.append(time.perf_counter() - started)
                 errors[0] += bool(failure)
-                why[failure] += bool(failure)
+                if failure:
+                    why[failure] += 1
                 produced[0] += len(result.tokens) if result is not None else 0
 
     threads = [threading.Thread(target=device) for _ in range(n)]

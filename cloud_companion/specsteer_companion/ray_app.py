@@ -44,6 +44,7 @@ from specsteer_companion.verifier import Verifier
 
 log = logging.getLogger("specsteer_companion.ray")
 RESUME_CLOSE = 1011  # websocket close code of a lost replica: the device resumes elsewhere
+STATS_REQUESTS = 8  # /stats requests the ingress serves beside its full count of websockets
 
 
 @dataclass(frozen=True)
@@ -133,7 +134,11 @@ def build_app(config: RayCompanionConfig):  # type: ignore[no-untyped-def]
 
     app = FastAPI()
 
-    @serve.deployment(num_replicas=1, ray_actor_options={"num_cpus": i.num_cpus})
+    # Each open websocket is one ongoing request of the ingress for its whole life: Serve's
+    # default (5) would leave every device past the fifth waiting at the proxy for a slot (its
+    # handshake timing out), so the ingress takes all it may admit, and refuses the rest itself.
+    @serve.deployment(num_replicas=1, ray_actor_options={"num_cpus": i.num_cpus},
+                      max_ongoing_requests=i.max_connections + STATS_REQUESTS)
     @serve.ingress(app)
     class Ingress:
         """Websocket front, one replica for the cluster: caps, budgets and revocation, then each
