@@ -182,11 +182,11 @@ def build_app(config: RayCompanionConfig):  # type: ignore[no-untyped-def]
                 self.watch = asyncio.create_task(watch_revocations(
                     lambda: self.live, self.check_revoked, i.revocation_check_s, _end_revoked,
                     tidy=lambda: self.prefill.forget_full({c.identity or "" for c in self.live})))
-            await ws.accept()
             conn = _Connection(ws)
             self.live.add(conn)
             handle = self.verifiers.options(multiplexed_model_id=uuid.uuid4().hex)
             try:
+                await ws.accept()  # in here: a device gone mid-handshake gives its slot back
                 await self._serve(conn, handle)
             finally:
                 self.live.discard(conn)
