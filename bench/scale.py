@@ -18,6 +18,7 @@ the machine is the limit), not for GPU numbers; docs/scale.md has the GPU deploy
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import math
 import os
@@ -53,20 +54,25 @@ def run_round(url: str, specialist, n: int, generations: int, tokens: int,
               expected: list[int]) -> dict:
     times: list[float] = []
     produced, errors = [0], [0]
+    why: collections.Counter[str] = collections.Counter()  # what each failure was
     lock = threading.Lock()
 
     def device() -> None:
         client = Client(specialist, companion=url, timeout_s=120)
         for _ in range(generations):
             started = time.perf_counter()
+            failure = ""
             try:
                 result = client.generate(QUERY, max_new_tokens=tokens, k=4, offline="fail")
-                ok = result.tokens == expected and not result.stats.degraded
-            except Exception:  # noqa: BLE001 - counted, the run goes on
-                ok, result = False, None
+                if result.tokens != expected or result.stats.degraded:
+                    failure = "different text" if result.tokens != expected else "degraded"
+            except Exception as exc:  # noqa: BLE001 - counted, the run goes on
+                failure, result = f"{type(exc).__name__}: {exc}"[:160], None
             with lock:
                 times.append(time.perf_counter() - started)
-                errors[0] += not ok
+                errors[0] += bool(failure)
+                if failure:
+                    why[failure] += 1
                 produced[0] += len(result.tokens) if result is not None else 0
 
     threads = [threading.Thread(target=device) for _ in range(n)]
@@ -80,7 +86,7 @@ def run_round(url: str, specialist, n: int, generations: int, tokens: int,
     return {"devices": n, "tokens_per_s": produced[0] / wall, "wall_s": wall,
             "p50_s": statistics.median(times),
             "p95_s": times[max(0, math.ceil(0.95 * len(times)) - 1)],  # nearest rank
-            "errors": errors[0]}
+            "errors": errors[0], "why": dict(why)}
 
 
 def main() -> None:
@@ -91,8 +97,13 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=32)
     parser.add_argument("--generalist", default=str(tiny_model_dir("llama", seed=1)))
     parser.add_argument("--specialist", default=str(tiny_model_dir("llama", seed=0)))
+    parser.add_argument("--per-address-cap", type=int, default=None,
+                        help="the ingress's max_connections_per_address (default: 2 x the "
+                        "most devices: every device connects from 127.0.0.1, and a device's "
+                        "next connection may open before the ingress has seen its last close)")
     parser.add_argument("--json", help="write the rows here too")
     args = parser.parse_args()
+    per_address = args.per_address_cap or 2 * max(args.devices)
 
     import ray
     from ray import serve
@@ -115,14 +126,17 @@ def main() -> None:
                 "models": {"generalist": args.generalist, "specialist": args.specialist},
                 "verifier": {"min_replicas": replicas, "max_replicas": replicas,
                              "num_cpus": 0.5, "max_ongoing_requests": 64, "max_sessions": 256},
-                "ingress": {"port": port, "num_cpus": 0.25, "replica_timeout_s": 120},
+                "ingress": {"port": port, "num_cpus": 0.25, "replica_timeout_s": 120,
+                            "max_connections_per_address": per_address},
             })
             url = ray_app.start(config)
             http = f"http://127.0.0.1:{port}"
             for n in args.devices:
-                before = _stats(http)["sessions"]
+                before = _stats(http)
                 row = run_round(url, specialist, n, args.generations, args.tokens, expected)
-                after = _stats(http)["sessions"]
+                stats = _stats(http)
+                row["refused"] = stats["refused"] - before["refused"]
+                before, after = before["sessions"], stats["sessions"]
                 row["replicas"] = replicas
                 row["sessions_per_replica"] = sorted(
                     after[r] - before.get(r, 0) for r in after if after[r] > before.get(r, 0))
@@ -130,7 +144,8 @@ def main() -> None:
                 print(f"R={replicas} N={n:>2}: {row['tokens_per_s']:7.1f} tok/s  "
                       f"p50 {row['p50_s']:5.2f} s  p95 {row['p95_s']:5.2f} s  "
                       f"sessions/replica {row['sessions_per_replica']}  "
-                      f"errors {row['errors']}", flush=True)
+                      f"errors {row['errors']} {row['why'] or ''} "
+                      f"refused at connect {row['refused']}", flush=True)
             serve.delete(config.app_name)
             serve.shutdown()
     finally:

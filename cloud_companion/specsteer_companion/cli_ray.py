@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, NoReturn
 
 import typer
 
@@ -27,20 +27,21 @@ def serve_on_ray(
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     try:
-        settings = load_config(config)
-    except SpecSteerError as exc:
-        typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(1) from None
-    try:
+        settings = load_config(config)  # reads YAML, which comes with the ray extra
         from specsteer_companion import ray_app as deployment
     except ImportError as exc:
-        typer.echo(f"error: Ray Serve is not installed ({exc.name}): "
-                   "pip install 'specsteer-companion[ray]'", err=True)
-        raise typer.Exit(1) from None
+        _fail(f"Ray Serve is not installed (no module {exc.name!r}): "
+              "pip install 'specsteer-companion[ray]'")
+    except SpecSteerError as exc:
+        _fail(str(exc))
     try:
         url = deployment.start(settings)
     except (deployment.RayUnavailable, SpecSteerError) as exc:
-        typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(1) from None
+        _fail(str(exc))
     typer.echo(f"companion ready on Ray: {url} (app {settings.app_name})")
     deployment.wait_forever()
+
+
+def _fail(message: str) -> NoReturn:
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(1)

@@ -5,13 +5,14 @@ burst: requests per connection, prompt tokens per device) and `SessionCounter` (
 per device token, or open connections per address, and in total). Both are pure in-memory objects
 with an injectable clock where time matters, so they are tested without sleeping. Must not do I/O,
 know about websockets or tokens' secrets, or decide what to tell the client (the server does).
+`PrefillBudget` is the prompt-token budget of every device: one bucket per identity.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 
 from specsteer.errors import CompanionConfigError, CompanionLimitError
 
@@ -155,3 +156,42 @@ class SessionCounter:
         """Open sessions of `token_id`, or of everyone when None."""
         with self._lock:
             return self._total if token_id is None else self._open.get(token_id, 0)
+
+
+class PrefillBudget:
+    """Prompt tokens each identity may have prefilled: one `TokenBucket` per identity (all its
+    connections together, so reconnecting does not refill it); thread-safe."""
+
+    def __init__(self, rate: float = DEFAULT_PREFILL_TOKENS_PER_S,
+                 burst: float = DEFAULT_PREFILL_BURST, *,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        TokenBucket(rate, burst)  # a bad rate or burst fails here, not at the first prompt
+        self.rate, self.burst, self._clock = rate, burst, clock
+        self._buckets: dict[str, TokenBucket] = {}
+        self._lock = threading.Lock()
+
+    def wait_s(self, identity: str, tokens: int) -> float | None:
+        """None if `identity` may prefill `tokens` more prompt tokens now (they are taken), else
+        the seconds until it may. A prompt longer than the burst costs the whole burst, so it
+        can still be served."""
+        with self._lock:
+            bucket = self._buckets.get(identity)
+            if bucket is None:
+                bucket = self._buckets[identity] = TokenBucket(self.rate, self.burst,
+                                                               clock=self._clock)
+        cost = min(tokens, bucket.burst)
+        if bucket.try_acquire(cost):
+            return None
+        return bucket.retry_after(cost)
+
+    def forget_full(self, live: Collection[str]) -> None:
+        """Drop the buckets that have refilled (a new one would be the same) of identities not
+        in `live`: open mode makes a new identity per connection."""
+        with self._lock:
+            for identity, bucket in list(self._buckets.items()):
+                if identity not in live and bucket.available >= bucket.burst:
+                    del self._buckets[identity]
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._buckets)

@@ -2,17 +2,19 @@
 
 Owns the two deployments and how a session stays on its replica. A `VerifierReplica` loads the
 models once and holds, per device connection, one `CompanionEndpoint` (protocol state machine,
-auth, KV caches: the very class the single-process server runs). The `Ingress` accepts the
-device's websocket, enforces what an adapter enforces (connections per address and in total,
-Hello deadline, idle time, frame size, requests per connection, prompt tokens per device: the
-`limits` module's counters) and forwards each frame to the replica holding that connection,
-tagged with its connection id: `ray_routing.SessionAffinityRouter` sends every request of an
-id to the replica it placed the first one on, and the replica keeps the id's endpoint in
-Serve's multiplexed-model cache (`max_sessions` per replica, least recently used evicted).
-Should a frame land on a replica without its state (its replica died or evicted it), or a
-replica die or stall, the ingress closes the websocket, and the device resumes the session
-on a fresh connection (`protocol.Resume`), which lands wherever the router puts the new id.
-TLS terminates at Serve's proxy (`http_options`). Revocation is checked at Hello only.
+auth, KV caches: the very class the single-process server runs). The `Ingress`, one replica for
+the whole cluster by design, accepts the device's websocket and enforces what the single-process
+server enforces, with the same code and so for the whole cluster: connections per address and
+in total, Hello deadline, idle time, frame size, requests per connection, prompt tokens per
+device (`limits`), sessions per device and in total, and revocation of live connections
+(`revocation`). It forwards each frame to the replica holding that connection, tagged with its
+connection id: `ray_routing.SessionAffinityRouter` sends every request of an id to the replica
+it placed the first one on, and the replica keeps the id's endpoint in Serve's
+multiplexed-model cache (`max_sessions` per replica, least recently used evicted). Should a
+frame land on a replica without its state (its replica died or evicted it), or a replica die or
+stall, the ingress closes the websocket, and the device resumes the session on a fresh
+connection (`protocol.Resume`), which lands wherever the router puts the new id. TLS
+terminates at Serve's proxy (`http_options`).
 """
 
 # No `from __future__ import annotations`: FastAPI must see the real `WebSocket` annotation
@@ -33,14 +35,16 @@ from ray.serve.config import AutoscalingConfig, HTTPOptions, RequestRouterConfig
 from specsteer import protocol
 from specsteer.protocol import ErrorCode, Limits, MessageType
 from specsteer_companion.endpoint import CompanionEndpoint
-from specsteer_companion.limits import SessionCounter, TokenBucket
+from specsteer_companion.limits import PrefillBudget, SessionCounter, TokenBucket
 from specsteer_companion.ray_config import RayCompanionConfig
 from specsteer_companion.ray_routing import SessionAffinityRouter
-from specsteer_companion.server import prompt_tokens
+from specsteer_companion.revocation import REVOKED_MESSAGE, RevocationCheck, watch_revocations
+from specsteer_companion.server import prefill_refusal, prompt_tokens
 from specsteer_companion.verifier import Verifier
 
 log = logging.getLogger("specsteer_companion.ray")
 RESUME_CLOSE = 1011  # websocket close code of a lost replica: the device resumes elsewhere
+STATS_REQUESTS = 8  # /stats requests the ingress serves beside its full count of websockets
 
 
 @dataclass(frozen=True)
@@ -79,7 +83,8 @@ def build_app(config: RayCompanionConfig):  # type: ignore[no-untyped-def]
     v, i = config.verifier, config.ingress
     autoscaling = AutoscalingConfig(
         min_replicas=v.min_replicas, max_replicas=v.max_replicas,
-        initial_replicas=v.initial_replicas, target_ongoing_requests=v.target_ongoing_requests)
+        initial_replicas=v.initial_replicas, target_ongoing_requests=v.target_ongoing_requests,
+        upscale_delay_s=v.upscale_delay_s, downscale_delay_s=v.downscale_delay_s)
 
     @serve.deployment(
         autoscaling_config=autoscaling, max_ongoing_requests=v.max_ongoing_requests,
@@ -129,10 +134,15 @@ def build_app(config: RayCompanionConfig):  # type: ignore[no-untyped-def]
 
     app = FastAPI()
 
-    @serve.deployment(num_replicas=i.replicas, ray_actor_options={"num_cpus": i.num_cpus})
+    # Each open websocket is one ongoing request of the ingress for its whole life: Serve's
+    # default (5) would leave every device past the fifth waiting at the proxy for a slot (its
+    # handshake timing out), so the ingress takes all it may admit, and refuses the rest itself.
+    @serve.deployment(num_replicas=1, ray_actor_options={"num_cpus": i.num_cpus},
+                      max_ongoing_requests=i.max_connections + STATS_REQUESTS)
     @serve.ingress(app)
     class Ingress:
-        """Websocket front: limits, then each frame to the replica holding its connection."""
+        """Websocket front, one replica for the cluster: caps, budgets and revocation, then each
+        frame to the replica holding its connection."""
 
         def __init__(self, verifiers) -> None:  # type: ignore[no-untyped-def]
             self.verifiers = verifiers
@@ -140,47 +150,68 @@ def build_app(config: RayCompanionConfig):  # type: ignore[no-untyped-def]
             self.connections = SessionCounter(
                 max_per_token=min(i.max_connections_per_address, i.max_connections),
                 max_total=i.max_connections)
-            self.prefill: dict[str, TokenBucket] = {}
+            self.sessions = SessionCounter(max_per_token=i.max_sessions_per_identity,
+                                           max_total=i.max_sessions)
+            self.prefill = PrefillBudget(i.prefill_tokens_per_second, i.prefill_burst)
+            self.live: set[_Connection] = set()
+            self.check_revoked = _revocation_check(config)
+            self.watch: asyncio.Task[None] | None = None
             self.per_replica: Counter[str] = Counter()  # sessions opened per replica
             self.resumed: Counter[str] = Counter()
             self.lost = 0
+            self.refused = 0  # connections refused by the per-address or total cap
 
         @app.get("/stats")
         def stats(self) -> dict[str, object]:
-            """What this ingress replica routed: sessions and resumes per verifier replica."""
+            """What the ingress routed and refused: sessions and resumes per verifier replica."""
             return {"sessions": dict(self.per_replica), "resumes": dict(self.resumed),
-                    "lost": self.lost, "open_connections": self.connections.active()}
+                    "lost": self.lost, "refused": self.refused,
+                    "open_connections": self.connections.active(),
+                    "open_sessions": self.sessions.active()}
 
         @app.websocket("/")
         async def connect(self, ws: WebSocket) -> None:
             peer = ws.client.host if ws.client else "?"
             if not self.connections.acquire(peer):
+                self.refused += 1
+                log.warning("refused a connection from %s: %d open from it, %d in total", peer,
+                            self.connections.active(peer), self.connections.active())
                 await ws.close(code=1013, reason="too many connections")
                 return
-            await ws.accept()
-            connection = uuid.uuid4().hex
-            handle = self.verifiers.options(multiplexed_model_id=connection)
+            if self.watch is None:  # started here: the replica's event loop runs by now
+                self.watch = asyncio.create_task(watch_revocations(
+                    lambda: self.live, self.check_revoked, i.revocation_check_s, _end_revoked,
+                    tidy=lambda: self.prefill.forget_full({c.identity or "" for c in self.live})))
+            conn = _Connection(ws)
+            self.live.add(conn)
+            handle = self.verifiers.options(multiplexed_model_id=uuid.uuid4().hex)
             try:
-                await self._serve(ws, handle)
+                await ws.accept()  # in here: a device gone mid-handshake gives its slot back
+                await self._serve(conn, handle)
             finally:
+                self.live.discard(conn)
                 self.connections.release(peer)
+                if conn.session:
+                    self.sessions.release(conn.identity or "")
                 with contextlib.suppress(Exception):
                     handle.release.remote()
                 with contextlib.suppress(Exception):
                     await ws.close()
 
-        async def _serve(self, ws: WebSocket, handle) -> None:  # type: ignore[no-untyped-def]
+        async def _serve(self, conn: _Connection, handle) -> None:  # type: ignore[no-untyped-def]
+            ws = conn.ws
             bucket = TokenBucket(i.requests_per_second, i.burst)
-            identity: str | None = None
             while True:
-                timeout = i.idle_timeout_s if identity is not None else i.hello_timeout_s
+                timeout = i.idle_timeout_s if conn.identity is not None else i.hello_timeout_s
                 try:
                     message = await asyncio.wait_for(ws.receive(), timeout)
                 except TimeoutError:
                     return await _refuse(ws, ErrorCode.TIMEOUT, "idle timeout"
-                                         if identity else "no Hello in time")
+                                         if conn.identity else "no Hello in time")
                 if message["type"] == "websocket.disconnect":
                     return
+                if conn.revoked:
+                    return await _refuse(ws, ErrorCode.AUTH_FAILED, REVOKED_MESSAGE)
                 frame = message.get("bytes")
                 if frame is None:
                     return await _refuse(ws, ErrorCode.BAD_FRAME, "text frames are not accepted")
@@ -188,8 +219,9 @@ def build_app(config: RayCompanionConfig):  # type: ignore[no-untyped-def]
                     return await _refuse(ws, ErrorCode.TOO_LARGE, "frame too large")
                 if not bucket.try_acquire():
                     return await _refuse(ws, ErrorCode.RATE_LIMITED, "too many requests")
-                if identity is not None and (why := self._prefill_refusal(identity, frame)):
-                    return await _refuse(ws, ErrorCode.RATE_LIMITED, why)
+                if why := self._admission_refusal(conn, frame):
+                    return await _refuse(ws, *why)
+                conn.busy = True
                 try:
                     reply: Reply = await asyncio.wait_for(handle.handle.remote(frame),
                                                           i.replica_timeout_s)
@@ -198,12 +230,14 @@ def build_app(config: RayCompanionConfig):  # type: ignore[no-untyped-def]
                                 type(exc).__name__)
                     self.lost += 1
                     return await ws.close(code=RESUME_CLOSE, reason="verifier lost: resume")
+                finally:
+                    conn.busy = False
                 if reply.lost:
                     self.lost += 1
                     return await ws.close(code=RESUME_CLOSE, reason="session state lost: resume")
-                if identity is None and reply.identity is not None:
-                    identity = reply.identity
-                if len(frame) > 1 and frame[1] in (MessageType.OPEN_SESSION, MessageType.RESUME):
+                if conn.identity is None:
+                    conn.identity = reply.identity
+                if _opens_session(frame):
                     self.per_replica[reply.replica] += 1
                     if reply.resumed:
                         self.resumed[reply.replica] += 1
@@ -211,19 +245,53 @@ def build_app(config: RayCompanionConfig):  # type: ignore[no-untyped-def]
                     await ws.send_bytes(out)
                 if reply.closed:
                     return
+                if conn.revoked:  # revoked while this frame was in flight
+                    return await _refuse(ws, ErrorCode.AUTH_FAILED, REVOKED_MESSAGE)
 
-        def _prefill_refusal(self, identity: str, frame: bytes) -> str | None:
+        def _admission_refusal(self, conn: _Connection, frame: bytes
+                               ) -> tuple[ErrorCode, str] | None:
+            """What the single-process server checks before it runs a session-opening frame:
+            the device's prompt budget, then its session count (one per connection at most,
+            held until the connection ends, as the endpoint holds it)."""
+            if conn.identity is None or not _opens_session(frame):
+                return None
             tokens = prompt_tokens(frame, self.limits)
-            if not tokens:
-                return None
-            bucket = self.prefill.setdefault(identity, TokenBucket(
-                i.prefill_tokens_per_second, i.prefill_burst))
-            cost = min(tokens, bucket.burst)
-            if bucket.try_acquire(cost):
-                return None
-            return f"prompt budget exhausted, retry in {bucket.retry_after(cost):.1f} s"
+            if tokens and (why := prefill_refusal(self.prefill, conn.identity, tokens)):
+                return ErrorCode.RATE_LIMITED, why
+            if not conn.session:
+                if not self.sessions.acquire(conn.identity):
+                    return ErrorCode.SESSION_LIMIT, "too many open sessions"
+                conn.session = True
+            return None
 
     return Ingress.bind(VerifierReplica.bind())
+
+
+@dataclass(eq=False)
+class _Connection:
+    """One device websocket on the ingress (`revocation.Revocable`)."""
+
+    ws: WebSocket
+    identity: str | None = None  # its token id once the replica accepted its Hello
+    busy: bool = False  # a frame of it is at a verifier replica
+    revoked: bool = False
+    session: bool = False  # holds one of the session slots
+
+
+def _opens_session(frame: bytes) -> bool:
+    return len(frame) > 1 and frame[1] in (MessageType.OPEN_SESSION, MessageType.RESUME)
+
+
+def _revocation_check(config: RayCompanionConfig) -> RevocationCheck | None:
+    if config.open_access:
+        return None
+    from specsteer_companion.auth import TokenStore
+
+    return TokenStore(config.tokens).revoked_among  # type: ignore[arg-type]
+
+
+async def _end_revoked(conn: _Connection) -> None:
+    await _refuse(conn.ws, ErrorCode.AUTH_FAILED, REVOKED_MESSAGE)
 
 
 class _HeldEndpoint:

@@ -17,6 +17,8 @@ from specsteer_companion.limits import (
     DEFAULT_HELLO_TIMEOUT_S,
     DEFAULT_MAX_CONNECTIONS,
     DEFAULT_MAX_CONNECTIONS_PER_ADDRESS,
+    DEFAULT_MAX_SESSIONS_PER_TOKEN,
+    DEFAULT_MAX_SESSIONS_TOTAL,
     DEFAULT_PREFILL_BURST,
     DEFAULT_PREFILL_TOKENS_PER_S,
     DEFAULT_RATE_PER_S,
@@ -48,27 +50,34 @@ class VerifierSection:
     num_gpus: float = 0.0
     health_check_period_s: float = 10.0
     health_check_timeout_s: float = 30.0
+    upscale_delay_s: float = 30.0  # load above target this long before a replica is added
+    downscale_delay_s: float = 600.0  # load below target this long before one is removed
 
 
 @dataclass(frozen=True)
 class IngressSection:
-    """The websocket ingress: address, TLS, and the limits an adapter enforces."""
+    """The websocket ingress: address, TLS, and the limits an adapter enforces.
+
+    One replica by design: it sees every connection of the cluster, so its caps, budgets and
+    revocation are the cluster's, exactly as in the single-process server."""
 
     host: str = "127.0.0.1"
     port: int = 8765
-    replicas: int = 1
     num_cpus: float = 0.5
     cert: str | None = None  # TLS certificate (PEM); with `key`, devices use wss://
     key: str | None = None
     hello_timeout_s: float = DEFAULT_HELLO_TIMEOUT_S
     idle_timeout_s: float = 120.0
     replica_timeout_s: float = 60.0  # a frame the replica does not answer in time: resync
-    max_connections: int = DEFAULT_MAX_CONNECTIONS  # per ingress replica
+    max_connections: int = DEFAULT_MAX_CONNECTIONS  # open websockets, whole cluster
     max_connections_per_address: int = DEFAULT_MAX_CONNECTIONS_PER_ADDRESS
+    max_sessions: int = DEFAULT_MAX_SESSIONS_TOTAL  # open sessions, whole cluster
+    max_sessions_per_identity: int = DEFAULT_MAX_SESSIONS_PER_TOKEN
     requests_per_second: float = DEFAULT_RATE_PER_S  # per connection
     burst: int = int(DEFAULT_BURST)
     prefill_tokens_per_second: float = DEFAULT_PREFILL_TOKENS_PER_S  # per device token
     prefill_burst: int = int(DEFAULT_PREFILL_BURST)
+    revocation_check_s: float = 2.0  # how often live connections' tokens are re-checked
 
 
 @dataclass(frozen=True)
@@ -78,7 +87,7 @@ class RayCompanionConfig:
 
     address: str = "auto"
     app_name: str = "specsteer-companion"
-    tokens: str | None = None  # token store; every verifier node must see this file
+    tokens: str | None = None  # token store; the ingress and every verifier node read it
     open_access: bool = False  # accept any device (development only)
     models: ModelsSection = field(default_factory=ModelsSection)
     verifier: VerifierSection = field(default_factory=VerifierSection)
@@ -90,9 +99,16 @@ class RayCompanionConfig:
             raise CompanionConfigError(
                 f"verifier: need 0 <= min_replicas <= max_replicas >= 1, got "
                 f"{v.min_replicas}..{v.max_replicas}")
-        if v.max_sessions < 1 or v.max_ongoing_requests < 1 or i.replicas < 1:
-            raise CompanionConfigError("max_sessions, max_ongoing_requests and ingress replicas "
-                                       "must be >= 1")
+        counts = {"verifier.max_sessions": v.max_sessions,
+                  "verifier.max_ongoing_requests": v.max_ongoing_requests,
+                  "ingress.max_connections": i.max_connections,
+                  "ingress.max_connections_per_address": i.max_connections_per_address,
+                  "ingress.max_sessions": i.max_sessions,
+                  "ingress.max_sessions_per_identity": i.max_sessions_per_identity}
+        if small := [name for name, n in counts.items() if n < 1]:
+            raise CompanionConfigError(f"{', '.join(small)} must be >= 1")
+        if not i.revocation_check_s > 0:
+            raise CompanionConfigError("ingress.revocation_check_s must be > 0")
         if (i.cert is None) != (i.key is None):
             raise CompanionConfigError("ingress: TLS takes both cert and key; the companion "
                                        "does not serve plain ws:// when TLS was asked for")

@@ -3,8 +3,11 @@ verifier replica that holds its session (KV caches, protocol state).
 
 `SessionAffinityRouter` is a Serve request router (`ray.serve.request_router`, public API). The
 ingress tags each request with its connection id (`multiplexed_model_id`); the first request of
-an id goes to the candidate replica holding the fewest sessions of this router, and every later
-one to that same replica for as long as it is running. When it is gone, the next request of
+an id goes to the candidate replica holding the fewest open connections of this router, and
+every later one to that same replica for as long as it is running. The ingress's `release`
+call, the last request of a connection, also ends the connection here, so that the count is of
+open connections: a replica added by autoscaling takes new connections only until it holds as
+many as the others. When it is gone, the next request of
 the id lands on another replica, which holds no state for it: the ingress closes the device's
 connection and the device resumes its session there (`protocol.Resume`).
 """
@@ -20,9 +23,10 @@ from ray.serve.request_router import (
     RunningReplica,
 )
 
-# Connections remembered per router (one router per ingress replica): far more than one
-# ingress holds open, so only long-finished connections are forgotten.
+# Connections remembered, a bound against leaks only: far more than the ingress holds open
+# (a connection whose `release` never came through is forgotten once this many are newer).
 MAX_REMEMBERED = 100_000
+RELEASE = "release"  # the verifier method the ingress calls when a connection ends
 
 
 class SessionAffinityRouter(FIFOMixin, RequestRouter):
@@ -36,7 +40,8 @@ class SessionAffinityRouter(FIFOMixin, RequestRouter):
         candidate_replicas: list[RunningReplica],
         pending_request: PendingRequest | None = None,
     ) -> list[list[RunningReplica]]:
-        session = pending_request.metadata.multiplexed_model_id if pending_request else ""
+        metadata = pending_request.metadata if pending_request else None
+        session = metadata.multiplexed_model_id if metadata else ""
         if not session or not candidate_replicas:
             return [candidate_replicas]
         by_id = {replica.replica_id: replica for replica in candidate_replicas}
@@ -47,4 +52,6 @@ class SessionAffinityRouter(FIFOMixin, RequestRouter):
             self.homes[session] = home
             if len(self.homes) > MAX_REMEMBERED:
                 self.homes.popitem(last=False)
+        if metadata is not None and metadata.call_method == RELEASE:
+            del self.homes[session]  # the connection ended: no longer counts on its replica
         return [[by_id[home]]]

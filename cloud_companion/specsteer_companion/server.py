@@ -19,8 +19,8 @@ import logging
 import ssl
 import threading
 import time
-from collections.abc import Callable, Collection, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from functools import partial
 
 from websockets.asyncio.server import ServerConnection, serve
@@ -42,19 +42,17 @@ from specsteer_companion.limits import (
     DEFAULT_PREFILL_BURST,
     DEFAULT_PREFILL_TOKENS_PER_S,
     DEFAULT_RATE_PER_S,
+    PrefillBudget,
     SessionCounter,
     TokenBucket,
     connection_cap,
 )
+from specsteer_companion.revocation import REVOKED_MESSAGE, RevocationCheck, watch_revocations
 from specsteer_companion.scheduler import FairExecutor
 from specsteer_companion.verifier import Verifier
 
 log = logging.getLogger("specsteer_companion")
 THROTTLE = logthrottle.Throttle()  # one per process: every server shares the log it writes to
-REVOKED_MESSAGE = "device token revoked"
-
-# Token ids in, the revoked ones among them out (e.g. `TokenStore.revoked_among`).
-RevocationCheck = Callable[[Collection[str]], "set[str]"]
 
 
 @dataclass
@@ -87,7 +85,10 @@ class _Live:
     key: str  # the scheduling queue before login: the peer address
     busy: bool = False  # a frame of it is being handled on a worker thread
     revoked: bool = False
-    closing: asyncio.Task[None] | None = field(default=None, repr=False)
+
+    @property
+    def identity(self) -> str | None:
+        return self.endpoint.identity
 
 
 def _descriptor_limit() -> int | None:
@@ -113,6 +114,14 @@ def prompt_tokens(frame: bytes, limits: Limits) -> int:
     return len(message.prompt_ids) if isinstance(message, protocol.OpenSession) else 0
 
 
+def prefill_refusal(budget: PrefillBudget, identity: str, tokens: int) -> str | None:
+    """None if `identity` may prefill `tokens` prompt tokens now, else what to tell it."""
+    wait = budget.wait_s(identity, tokens)
+    if wait is None:
+        return None
+    return f"prompt budget exhausted: {tokens} prompt tokens, retry in {wait:.1f} s"
+
+
 class CompanionServer:
     """Serve one Verifier to many devices over websockets."""
 
@@ -133,8 +142,8 @@ class CompanionServer:
         self._connections = SessionCounter(
             max_per_token=min(self.config.max_connections_per_address, self.max_connections),
             max_total=self.max_connections)
-        self._prefill: dict[str, TokenBucket] = {}
-        self._prefill_lock = threading.Lock()
+        self._prefill = PrefillBudget(self.config.prefill_tokens_per_second,
+                                      self.config.prefill_burst)
         self._live: set[_Live] = set()
         self.port: int | None = None
         self.connections = 0  # handled (admitted and logged in or not) since start
@@ -199,27 +208,8 @@ class CompanionServer:
 
     # -- budgets -----------------------------------------------------------------------------
 
-    def _prefill_refusal(self, identity: str, tokens: int) -> str | None:
-        """None if `identity` may prefill `tokens` more prompt tokens now, else why not."""
-        with self._prefill_lock:
-            bucket = self._prefill.get(identity)
-            if bucket is None:
-                bucket = self._prefill[identity] = TokenBucket(
-                    self.config.prefill_tokens_per_second, self.config.prefill_burst)
-        cost = min(tokens, bucket.burst)
-        if bucket.try_acquire(cost):
-            return None
-        return (f"prompt budget exhausted: {tokens} prompt tokens, retry in "
-                f"{bucket.retry_after(cost):.1f} s")
-
     def _forget_full_buckets(self) -> None:
-        """Drop prefill buckets that have refilled (a new one would be the same) and whose
-        identity holds no connection: open mode makes a new identity per connection."""
-        live = {conn.endpoint.identity for conn in self._live}
-        with self._prefill_lock:
-            for identity, bucket in list(self._prefill.items()):
-                if identity not in live and bucket.available >= bucket.burst:
-                    del self._prefill[identity]
+        self._prefill.forget_full({conn.endpoint.identity or "" for conn in self._live})
 
     # -- one connection ----------------------------------------------------------------------
 
@@ -266,7 +256,7 @@ class CompanionServer:
             return endpoint.fail(ErrorCode.RATE_LIMITED, "too many requests")
         identity = endpoint.identity
         prefill = prompt_tokens(frame, self.limits) if identity is not None else 0
-        if prefill and (why := self._prefill_refusal(identity or "", prefill)):
+        if prefill and (why := prefill_refusal(self._prefill, identity or "", prefill)):
             return endpoint.fail(ErrorCode.RATE_LIMITED, why)
         conn.busy = True
         try:
@@ -279,27 +269,9 @@ class CompanionServer:
 
     async def _watch(self) -> None:
         """Every `revocation_check_s`: end connections whose token was revoked, tidy budgets."""
-        loop = asyncio.get_running_loop()
-        while True:
-            await asyncio.sleep(self.config.revocation_check_s)
-            self._forget_full_buckets()
-            if self.check_revoked is None:
-                continue
-            identities = {c.endpoint.identity for c in self._live if c.endpoint.identity}
-            if not identities:
-                continue
-            try:
-                revoked = await loop.run_in_executor(None, self.check_revoked, identities)
-            except Exception:  # a busy or broken store: keep serving, try again next time
-                log.exception("could not check for revoked tokens")
-                continue
-            for conn in [c for c in self._live if c.endpoint.identity in revoked]:
-                if conn.revoked:
-                    continue
-                conn.revoked = True
-                log.info("closing a connection of revoked token %s", conn.endpoint.identity)
-                if not conn.busy:  # idle in recv: tell it now; a busy one is told after its frame
-                    conn.closing = asyncio.create_task(self._end_revoked(conn))
+        await watch_revocations(lambda: self._live, self.check_revoked,
+                                self.config.revocation_check_s, self._end_revoked,
+                                tidy=self._forget_full_buckets)
 
     async def _end_revoked(self, conn: _Live) -> None:
         with contextlib.suppress(ConnectionClosed):

@@ -12,6 +12,7 @@ from specsteer_companion.limits import (
     DEFAULT_MAX_SESSIONS_PER_TOKEN,
     DEFAULT_MAX_SESSIONS_TOTAL,
     DEFAULT_RATE_PER_S,
+    PrefillBudget,
     SessionCounter,
     TokenBucket,
 )
@@ -181,3 +182,29 @@ def test_session_counter_rejects_nonsense_settings() -> None:
         SessionCounter(max_per_token=0)
     with pytest.raises(CompanionConfigError):
         SessionCounter(max_total=0)
+
+
+def test_prefill_budget_is_per_identity_and_says_when_to_retry() -> None:
+    clock = FakeClock()
+    budget = PrefillBudget(rate=100, burst=1000, clock=clock)
+    assert budget.wait_s("alice", 800) is None
+    assert budget.wait_s("alice", 300) == pytest.approx(1.0)  # 200 left, 100 more at 100/s
+    assert budget.wait_s("bob", 800) is None  # another device has its own budget
+    clock.now += 1.0
+    assert budget.wait_s("alice", 300) is None
+    assert budget.wait_s("carol", 5000) is None  # longer than the burst: costs the burst
+    assert budget.wait_s("carol", 1) is not None
+
+
+def test_prefill_budget_forgets_only_full_buckets_of_gone_identities() -> None:
+    clock = FakeClock()
+    budget = PrefillBudget(rate=100, burst=1000, clock=clock)
+    for identity in ("alice", "bob", "carol"):
+        budget.wait_s(identity, 500)
+    budget.forget_full(live={"alice"})
+    assert len(budget) == 3  # none has refilled yet: forgetting would refill them
+    clock.now += 10
+    budget.forget_full(live={"alice"})
+    assert len(budget) == 1  # alice still holds a connection
+    with pytest.raises(CompanionConfigError):
+        PrefillBudget(rate=0)

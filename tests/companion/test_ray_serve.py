@@ -1,7 +1,10 @@
 """The companion on Ray Serve, on a local Ray cluster this module starts: 2 verifier replicas of
-the tiny pair behind one websocket ingress. Sessions spread over the replicas; a replica killed
-mid-generation, or the ingress, costs a resync and not a token of the greedy text; a replaced
-replica takes sessions again; an unreachable cluster is a one-line error."""
+the tiny pair behind one websocket ingress, over TLS (wss://, a self-signed certificate made
+here) with device tokens. Sessions spread over the replicas; a replica killed mid-generation, or
+the ingress, costs a resync and not a token of the greedy text; a replaced replica takes
+sessions again; a revoked token's live connection ends within seconds; the caps and budgets
+hold for the cluster, not per replica; autoscaling adds a replica under load; an unreachable
+cluster or a missing Ray is a one-line error."""
 
 from __future__ import annotations
 
@@ -10,17 +13,26 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from specsteer import protocol
 from specsteer.client import Client
+from specsteer.errors import CompanionError, CompanionUnavailable
+from specsteer.link import CompanionLink
 from specsteer.models.tiny import tiny_model_dir
+from specsteer.protocol import ErrorCode, Limits
+from specsteer.transport import WebSocketChannel
+from specsteer_companion.auth import TokenStore
 from specsteer_companion.local import LocalChannel
 from specsteer_companion.ray_config import parse_config
+from specsteer_companion.revocation import REVOKED_MESSAGE
+from specsteer_companion.tls import client_ssl_context, make_self_signed
 from specsteer_companion.verifier import Verifier
 
 if os.environ.get("CI") == "true":  # CI installs the ray extra (./dev setup): never skip there
@@ -29,6 +41,7 @@ else:
     ray = pytest.importorskip("ray", reason="the ray extra is not installed")
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 SUBJECT = "Budget for next quarter"
+SESSION = protocol.SessionSettings(top_k=8)
 ROOT = Path(__file__).parents[2]
 
 
@@ -42,36 +55,104 @@ def test_no_cluster_is_a_clear_error(tmp_path):
     """Runs first, before this module's cluster exists: `address: auto` finds nothing."""
     config = tmp_path / "ray.yaml"
     config.write_text("address: auto\nopen_access: true\n")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-        str(ROOT / p) for p in ("sdk", "cloud_companion", "lab"))}
-    env.pop("RAY_ADDRESS", None)
     done = subprocess.run([sys.executable, "-m", "specsteer_companion.cli", "ray", "serve",
-                           "--config", str(config)], capture_output=True, text=True, env=env,
-                          timeout=120)
+                           "--config", str(config)], capture_output=True, text=True,
+                           env=_env(), timeout=120)
     assert done.returncode == 1
     assert "error: no Ray cluster at 'auto'" in done.stderr and "ray start --head" in done.stderr
 
 
+@pytest.mark.parametrize("missing", ["ray", "yaml"])
+def test_ray_not_installed_is_a_clear_error(tmp_path, missing):
+    """`import ray` (or the YAML reader that comes with it) fails in the child (None in
+    sys.modules): one line saying what to install, no traceback."""
+    config = tmp_path / "ray.yaml"
+    config.write_text("address: local\nopen_access: true\n")
+    run_cli = ("import runpy, sys; sys.modules[sys.argv[2]] = None; "
+               "sys.argv = ['specsteer-companion', 'ray', 'serve', '--config', sys.argv[1]]; "
+               "runpy.run_module('specsteer_companion.cli', run_name='__main__')")
+    done = subprocess.run([sys.executable, "-c", run_cli, str(config), missing],
+                          capture_output=True, text=True, env=_env(), timeout=120)
+    assert done.returncode == 1
+    assert done.stderr.strip().splitlines() == [
+        f"error: Ray Serve is not installed (no module '{missing}'): "
+        "pip install 'specsteer-companion[ray]'"]
+
+
+def _env() -> dict[str, str]:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        str(ROOT / p) for p in ("sdk", "cloud_companion", "lab"))}
+    env.pop("RAY_ADDRESS", None)
+    return env
+
+
+@dataclass
+class Cluster:
+    """The application as deployed now, and what a device needs to reach it."""
+
+    port: int
+    cert: Path
+    key: Path
+    tokens: TokenStore
+    secret: str  # a device token for the tests that do not care which
+
+    @property
+    def url(self) -> str:
+        return f"wss://127.0.0.1:{self.port}"
+
+    @property
+    def http(self) -> str:
+        return f"https://127.0.0.1:{self.port}"
+
+    def tls(self):  # type: ignore[no-untyped-def]
+        return client_ssl_context(self.cert)
+
+    def client(self, model, **options) -> Client:  # type: ignore[no-untyped-def]
+        options.setdefault("token", self.secret)
+        return Client(model, companion=self.url, ssl_context=self.tls(), **options)
+
+    def link(self, secret: str) -> CompanionLink:
+        link = CompanionLink(WebSocketChannel(self.url, ssl_context=self.tls()), timeout=30)
+        link.hello(auth_token=secret)
+        return link
+
+    def stats(self) -> dict:
+        with urllib.request.urlopen(f"{self.http}/stats", timeout=10,
+                                    context=self.tls()) as reply:
+            return json.loads(reply.read())
+
+    def deploy(self, **sections: dict) -> None:
+        """(Re)deploy the application with these sections over the base ones."""
+        from specsteer_companion import ray_app
+
+        base = {
+            "address": "local", "tokens": str(self.tokens.path),
+            "models": {"generalist": str(tiny_model_dir("llama", seed=1)),
+                       "specialist": str(tiny_model_dir("llama", seed=0))},
+            "verifier": {"min_replicas": 2, "max_replicas": 2, "num_cpus": 0.5,
+                         "health_check_period_s": 2},
+            "ingress": {"port": self.port, "num_cpus": 0.25, "replica_timeout_s": 20,
+                        "cert": str(self.cert), "key": str(self.key),
+                        "revocation_check_s": 0.5},
+        }
+        config = {**base, **{name: {**base.get(name, {}), **values}
+                             for name, values in sections.items()}}
+        assert ray_app.start(parse_config(config)) == self.url
+
+
 @pytest.fixture(scope="module")
-def cluster():
+def cluster(tmp_path_factory):
     from ray import serve
 
-    from specsteer_companion import ray_app
-
-    port = _free_port()
-    config = parse_config({
-        "address": "local", "open_access": True,
-        "models": {"generalist": str(tiny_model_dir("llama", seed=1)),
-                   "specialist": str(tiny_model_dir("llama", seed=0))},
-        "verifier": {"min_replicas": 2, "max_replicas": 2, "num_cpus": 0.5,
-                     "health_check_period_s": 2},
-        "ingress": {"port": port, "num_cpus": 0.25, "replica_timeout_s": 20},
-    })
+    home = tmp_path_factory.mktemp("ray-companion")
+    cert, key = make_self_signed(home / "tls")
+    tokens = TokenStore(home / "tokens.db")
+    deployed = Cluster(_free_port(), cert, key, tokens, tokens.create("test-device").secret)
     ray.init(num_cpus=4, include_dashboard=False, object_store_memory=200 * 2**20,
              namespace="specsteer")
     try:
-        url = ray_app.start(config)
-        yield url, f"http://127.0.0.1:{port}"
+        deployed.deploy()
+        yield deployed
     finally:
         serve.shutdown()
         ray.shutdown()
@@ -83,11 +164,6 @@ def reference(tiny_model, tiny_generalist):
     verifier = Verifier(tiny_generalist, tiny_model)
     client = Client(tiny_model, companion=lambda: LocalChannel.for_verifier(verifier))
     return client.generate(SUBJECT, max_new_tokens=40, k=2)
-
-
-def _stats(http: str) -> dict:
-    with urllib.request.urlopen(f"{http}/stats", timeout=10) as reply:
-        return json.loads(reply.read())
 
 
 def _kill(actor_name: str) -> None:
@@ -112,66 +188,211 @@ class _KillAt:
 
 
 def test_sessions_spread_over_the_replicas(cluster, tiny_model, reference):
-    url, http = cluster
-    before = _stats(http)["sessions"]
+    before = cluster.stats()["sessions"]
     for _ in range(4):
-        result = Client(tiny_model, companion=url).generate(SUBJECT, max_new_tokens=40, k=2,
-                                                            offline="fail")
+        result = cluster.client(tiny_model).generate(SUBJECT, max_new_tokens=40, k=2,
+                                                     offline="fail")
         assert result.tokens == reference.tokens
     served = {replica: n - before.get(replica, 0) for replica, n in
-              _stats(http)["sessions"].items()}
+              cluster.stats()["sessions"].items()}
     assert len([n for n in served.values() if n > 0]) == 2, served
 
 
+def test_more_devices_at_once_than_serve_s_default_of_five(cluster):
+    """Every websocket is one request of the ingress for its whole life: twelve devices hold
+    sessions at once, each served at once (none waits at the proxy for another to leave)."""
+    devices = [cluster.tokens.create(f"device-{n}") for n in range(12)]
+    links = []
+    try:
+        for device in devices:
+            link = cluster.link(device.secret)
+            links.append(link)
+            link.open([1, 2, 3], SESSION)
+        assert all(link.verify([5, 6]).accepted >= 0 for link in links)
+        assert cluster.stats()["open_connections"] == 12
+    finally:
+        for link in links:
+            link.close()
+
+
+def test_tls_only_for_devices_that_trust_the_certificate(cluster, tiny_model):
+    assert cluster.url.startswith("wss://")
+    untrusting = Client(tiny_model, companion=cluster.url, token=cluster.secret,
+                        ssl_context=client_ssl_context())  # system CAs only
+    with pytest.raises(CompanionUnavailable):
+        untrusting.generate(SUBJECT, max_new_tokens=4, offline="fail")
+    plain = Client(tiny_model, companion=f"ws://127.0.0.1:{cluster.port}", token=cluster.secret)
+    with pytest.raises(CompanionUnavailable):
+        plain.generate(SUBJECT, max_new_tokens=4, offline="fail")
+
+
+def test_a_wrong_token_is_refused(cluster, tiny_model):
+    with pytest.raises(CompanionError) as info:
+        cluster.client(tiny_model, token="sst_0000000000000000_" + "x" * 43).generate(
+            SUBJECT, max_new_tokens=4, offline="fail")
+    assert info.value.code == ErrorCode.AUTH_FAILED
+
+
+def test_revoking_a_token_ends_its_live_connection(cluster):
+    device = cluster.tokens.create("alice-phone")
+    bystander = cluster.tokens.create("bob-phone")
+    links = [cluster.link(secret) for secret in (device.secret, bystander.secret)]
+    for link in links:
+        link.open([1, 2, 3], SESSION)
+    open_before = cluster.stats()["open_connections"]
+    assert cluster.tokens.revoke(device.token_id)
+    started = time.monotonic()
+    frame = links[0].channel.recv(timeout=10)  # the ingress speaks first
+    error = protocol.decode(frame, Limits())
+    assert isinstance(error, protocol.Error) and error.code == ErrorCode.AUTH_FAILED
+    assert error.message == REVOKED_MESSAGE
+    assert time.monotonic() - started < 3  # checked every 0.5 s here, 2 s by default
+    assert links[1].verify([5, 6]).accepted >= 0  # the other device goes on
+    _until(lambda: cluster.stats()["open_connections"] == open_before - 1)  # slot freed
+    for link in links:
+        link.close()
+    with pytest.raises(CompanionError, match="revoked"):  # and it cannot come back
+        cluster.link(device.secret)
+
+
+def _until(condition, within_s: float = 20) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + within_s
+    while not condition():
+        if time.monotonic() > deadline:
+            pytest.fail("condition not met in time")
+        time.sleep(0.2)
+
+
 def test_a_killed_replica_costs_a_resync_not_a_token(cluster, tiny_model, reference):
-    url, http = cluster
-    before = _stats(http)["sessions"]
+    before = cluster.stats()["sessions"]
 
     def this_sessions_replica() -> str:
-        now = _stats(http)["sessions"]
+        now = cluster.stats()["sessions"]
         [replica] = [r for r, n in now.items() if n > before.get(r, 0)]
         return replica
 
     tap = _KillAt(5, this_sessions_replica)  # Hello, OpenSession, then the 3rd draft
-    client = Client(tiny_model, companion=url, tap=tap)
+    client = cluster.client(tiny_model, tap=tap)
     result = client.generate(SUBJECT, max_new_tokens=40, k=2, offline="wait(60)")
     assert tap.killed is not None
     assert result.tokens == reference.tokens and result.provenance == reference.provenance
     assert not result.stats.degraded
     resumes = [f for f in tap.sent if f[1] == protocol.MessageType.RESUME]
     assert len(resumes) == 1
-    after = _stats(http)
+    after = cluster.stats()
     assert sum(after["resumes"].values()) == 1 and tap.killed not in after["resumes"]
 
     # Serve replaces the dead replica; new sessions reach the new one
     deadline = time.monotonic() + 120
     seen = set(after["sessions"])
     while time.monotonic() < deadline:
-        Client(tiny_model, companion=url).generate(SUBJECT, max_new_tokens=4, offline="wait(60)")
-        if set(_stats(http)["sessions"]) - seen - {tap.killed}:
+        cluster.client(tiny_model).generate(SUBJECT, max_new_tokens=4, offline="wait(60)")
+        if set(cluster.stats()["sessions"]) - seen - {tap.killed}:
             break
         time.sleep(1)
     else:
-        pytest.fail(f"no new replica took a session: {_stats(http)}")
+        pytest.fail(f"no new replica took a session: {cluster.stats()}")
 
 
 def test_a_restarted_ingress_costs_a_reconnect_not_a_token(cluster, tiny_model, reference):
-    url, _ = cluster
-    from ray.serve import context
-
     def ingress() -> str:
         actors = ray.util.list_named_actors(all_namespaces=True)
         [name] = [a["name"] for a in actors
                   if a["namespace"] == "serve" and "#Ingress#" in a["name"]]
         return name
 
-    assert context  # the serve namespace exists once the app runs
     tap = _KillAt(6, ingress)
-    client = Client(tiny_model, companion=url, tap=tap)
+    client = cluster.client(tiny_model, tap=tap)
     result = client.generate(SUBJECT, max_new_tokens=40, k=2, offline="wait(120)")
     assert tap.killed is not None
     assert result.tokens == reference.tokens and result.provenance == reference.provenance
     assert [f[1] for f in tap.sent].count(protocol.MessageType.RESUME) >= 1
+
+
+def test_caps_and_budgets_hold_for_the_cluster_not_per_replica(cluster):
+    """Two verifier replicas, caps of 1 session per device, 2 in all, 3 connections per address
+    and an 8-token prompt budget: the one ingress counts across both replicas (alice's second
+    connection is placed on the replica that does not hold her first session, and is refused
+    all the same)."""
+    cluster.deploy(ingress={"max_sessions_per_identity": 1, "max_sessions": 2,
+                            "max_connections_per_address": 3, "prefill_burst": 8,
+                            "prefill_tokens_per_second": 0.01})
+
+    def open_connections(n: int) -> None:
+        _until(lambda: cluster.stats()["open_connections"] == n)
+
+    alice, bob, carol = (cluster.tokens.create(name) for name in ("alice", "bob", "carol"))
+    first = cluster.link(alice.secret)
+    first.open([1, 2, 3], SESSION)
+    second = cluster.link(alice.secret)
+    with pytest.raises(CompanionError) as info:
+        second.open([1, 2, 3], SESSION)
+    assert info.value.code == ErrorCode.SESSION_LIMIT
+    open_connections(1)
+    other = cluster.link(bob.secret)
+    other.open([1, 2, 3], SESSION)
+    third = cluster.link(carol.secret)
+    with pytest.raises(CompanionError) as info:
+        third.open([1, 2, 3], SESSION)  # the cluster holds 2 sessions: full
+    assert info.value.code == ErrorCode.SESSION_LIMIT
+    open_connections(2)
+    idle = cluster.link(carol.secret)  # the third connection from this address
+    with pytest.raises(CompanionUnavailable):  # a fourth is refused
+        cluster.link(carol.secret)
+    assert cluster.stats()["refused"] == 1
+    for link in (first, idle):
+        link.close()
+    _until(lambda: cluster.stats()["open_sessions"] == 1)
+    again = cluster.link(alice.secret)  # a session slot is free, alice's prompt budget is not
+    with pytest.raises(CompanionError, match="prompt budget exhausted") as info:
+        again.open([1, 2, 3], SESSION)  # 3 + 3 (the refused session's) + 3 > 8
+    assert info.value.code == ErrorCode.RATE_LIMITED
+    open_connections(1)
+    carol_link = cluster.link(carol.secret)
+    assert carol_link.open([1, 2, 3], SESSION) == 3  # carol's budget is her own
+    for link in (other, carol_link):
+        link.close()
+
+
+def test_autoscaling_adds_a_replica_under_load(cluster, tiny_model, reference):
+    """min 1, max 2 replicas, target 1 frame in flight, 1 s upscale delay: 6 devices generating
+    at once push the one replica past the target, Serve adds the second, and new sessions go
+    to it (the router's least-loaded placement)."""
+    from ray import serve
+
+    cluster.deploy(verifier={"min_replicas": 1, "max_replicas": 2, "initial_replicas": 1,
+                             "target_ongoing_requests": 1, "upscale_delay_s": 1,
+                             "max_ongoing_requests": 16})
+
+    def running() -> int:
+        app = serve.status().applications["specsteer-companion"]
+        return app.deployments["VerifierReplica"].replica_states.get("RUNNING", 0)
+
+    _until(lambda: running() == 1, within_s=60)
+    before = cluster.stats()["sessions"]
+    stop, failures, started = threading.Event(), [], time.monotonic()
+
+    def device() -> None:
+        client = cluster.client(tiny_model)
+        while not stop.is_set():
+            result = client.generate(SUBJECT, max_new_tokens=40, k=2, offline="wait(60)")
+            if result.tokens != reference.tokens:
+                failures.append(result.tokens)
+
+    threads = [threading.Thread(target=device) for _ in range(6)]
+    for thread in threads:
+        thread.start()
+    try:
+        _until(lambda: running() == 2, within_s=120)
+        scaled_after = time.monotonic() - started
+        _until(lambda: len([r for r, n in cluster.stats()["sessions"].items()
+                            if n > before.get(r, 0)]) == 2, within_s=60)
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(120)
+    print(f"scaled from 1 to 2 replicas {scaled_after:.1f} s after the load began")
+    assert not failures
 
 
 def test_the_example_cluster_config_is_valid():
@@ -187,6 +408,9 @@ def test_the_example_cluster_config_is_valid():
     ({"open_access": True, "ingress": {"cert": "c.pem"}}, "both cert and key"),
     ({}, "token store"),
     ({"open_access": True, "verifier": {"replicas": 2}}, "unknown key"),
+    ({"open_access": True, "ingress": {"replicas": 2}}, "unknown key"),  # one ingress, always
+    ({"open_access": True, "ingress": {"max_sessions": 0}}, "ingress.max_sessions must be >= 1"),
+    ({"open_access": True, "ingress": {"revocation_check_s": 0}}, "revocation_check_s"),
 ])
 def test_bad_configs_say_what_to_fix(data, message):
     from specsteer.errors import CompanionConfigError

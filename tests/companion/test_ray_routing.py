@@ -1,0 +1,78 @@
+"""Session affinity placement (`ray_routing.SessionAffinityRouter.choose_replicas`), without a
+cluster: Serve's own request metadata and replica ids, replicas that are only their ids (all the
+router reads of them). Every frame of a connection goes to one replica; new connections go to
+the replica with the fewest open ones; a connection's `release` ends its count."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from dataclasses import dataclass
+
+import pytest
+
+if os.environ.get("CI") == "true":  # CI installs the ray extra (./dev setup): never skip there
+    import ray.serve  # noqa: F401
+else:
+    pytest.importorskip("ray.serve", reason="the ray extra is not installed")
+
+from ray.serve._private.common import DeploymentID, ReplicaID, RequestMetadata  # noqa: E402
+from ray.serve.request_router import PendingRequest  # noqa: E402
+
+from specsteer_companion.ray_routing import RELEASE, SessionAffinityRouter  # noqa: E402
+
+DEPLOYMENT = DeploymentID(name="VerifierReplica", app_name="specsteer-companion")
+
+
+@dataclass(frozen=True)
+class _Replica:
+    replica_id: ReplicaID
+
+
+def _replicas(*names: str) -> list[_Replica]:
+    return [_Replica(ReplicaID(name, DEPLOYMENT)) for name in names]
+
+
+def _router() -> SessionAffinityRouter:
+    router = object.__new__(SessionAffinityRouter)  # Serve builds it with its handle's state
+    router.initialize_state()
+    return router
+
+
+def _place(router: SessionAffinityRouter, replicas: list[_Replica], connection: str,
+           method: str = "handle") -> str:
+    async def choose() -> str:
+        request = PendingRequest([], {}, RequestMetadata(
+            request_id="r", internal_request_id="r", call_method=method,
+            multiplexed_model_id=connection))
+        [[replica]] = await router.choose_replicas(replicas, request)
+        return replica.replica_id.unique_id
+    return asyncio.run(choose())
+
+
+def test_a_connection_stays_on_its_replica_and_new_ones_balance():
+    router, replicas = _router(), _replicas("a", "b")
+    first = _place(router, replicas, "c1")
+    second = _place(router, replicas, "c2")
+    assert {first, second} == {"a", "b"}
+    assert all(_place(router, replicas, "c1") == first for _ in range(5))
+    assert _place(router, replicas, "c1", RELEASE) == first  # released where its state is
+
+
+def test_released_connections_stop_counting_so_a_new_replica_only_catches_up():
+    router = _router()
+    one = _replicas("a")
+    for n in range(6):  # six connections on the only replica, four of them ended
+        _place(router, one, f"c{n}")
+    for n in range(4):
+        _place(router, one, f"c{n}", RELEASE)
+    two = _replicas("a", "b")  # autoscaling added b: a holds 2 open connections
+    placed = [_place(router, two, f"new{n}") for n in range(4)]
+    assert placed[:2] == ["b", "b"] and sorted(placed[2:]) == ["a", "b"]
+
+
+def test_a_gone_replica_s_connections_move_on():
+    router = _router()
+    home = _place(router, _replicas("a", "b"), "c1")
+    survivor = "b" if home == "a" else "a"
+    assert _place(router, _replicas(survivor), "c1") == survivor
