@@ -118,8 +118,14 @@ def test_lab_cli_has_eval_and_demo_with_their_options():
     result = runner.invoke(lab_app, ["demo", "--help"])
     assert result.exit_code == 0
     for option in ("--user", "--data", "--specialist", "--generalist", "--precision", "--preset",
-                   "--max-new-tokens", "--max-prompt-tokens"):
+                   "--max-new-tokens", "--max-prompt-tokens", "--warm-start"):
         assert option in result.output
+    # the demo writes in the sender's voice from the first token: no Generalist opening
+    # (docs/BENCHMARKS.md, issue 14 second pass)
+    import inspect
+
+    from specsteer_lab.cli.demo import demo_command
+    assert inspect.signature(demo_command).parameters["warm_start"].default is False
 
 
 def test_device_cli_has_neither_eval_nor_demo():
