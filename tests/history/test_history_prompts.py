@@ -152,6 +152,19 @@ def test_private_length_comes_from_the_history() -> None:
     assert (b.length.min_new_tokens, b.length.max_new_tokens) == (120, 300)
 
 
+def test_a_paraphrase_keeps_the_originals_length_not_the_users() -> None:
+    # LaMP-7's gold tweets follow the input's length (r 0.67) more than the user's (r 0.36)
+    tweets = [make_record(kind="tweet", id=f"t{i}", body="word " * 30) for i in range(3)]
+    original = "one two three four five six seven eight nine ten"
+    prompt = build_prompt("tweet", original, tweets)
+    assert prompt.length is not None and prompt.length.median_words == 10
+    assert (prompt.length.min_new_tokens, prompt.length.max_new_tokens) == (6, 15)
+    assert "the original's length (about 10 words)" in prompt.private_request
+    assert "about 30 words" not in prompt.private_request
+    assert prompt.request == request_text("tweet", original)  # the public side is unchanged
+    assert build_prompt("tweet", original, []).length is None  # no examples: no length line
+
+
 def test_budget_truncates_long_bodies_and_keeps_short_ones() -> None:
     short = make_record(kind="email", id="short", title="Hi", body="see you soon")
     long_a = make_record(kind="email", id="a", title="A", body=" ".join(["alpha"] * 400))

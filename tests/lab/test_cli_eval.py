@@ -68,11 +68,25 @@ def test_eval_refuses_to_mix_setups_in_one_folder(app, tmp_path):
     result = runner.invoke(app, changed)
     assert result.exit_code == 1
     assert "max_new_tokens" in result.output and "another --out" in result.output
+    norepeat = [*_args(out, "slm"), "--no-repeat-ngram", "6"]
+    result = runner.invoke(app, norepeat)
+    assert result.exit_code == 1 and "no_repeat_ngram" in result.output
+
+
+def test_eval_runs_a_preset_and_the_no_repeat_rule(app, tmp_path):
+    out = tmp_path / "run"
+    result = CliRunner().invoke(app, [*_args(out, "specsteer:fast", "specsteer@0.1"),
+                                      "--no-repeat-ngram", "3"])
+    assert result.exit_code == 0, result.output
+    assert json.loads((out / "run.json").read_text())["no_repeat_ngram"] == 3
+    report = (out / "report.md").read_text()
+    assert "| SpecSteer fast (γ=0.1) | 2 |" in report and "| SpecSteer (γ=0.1) | 2 |" in report
 
 
 @pytest.mark.parametrize(("methods", "message"), [
     (["gpt4"], "unknown method"),
     (["costeer@0.5"], "only specsteer takes a gamma"),
+    (["llm:fast"], "a preset goes with specsteer"),
 ])
 def test_bad_methods_are_one_line_errors(app, tmp_path, methods, message):
     result = CliRunner().invoke(app, _args(tmp_path / "out", *methods))
@@ -104,8 +118,14 @@ def test_lab_cli_has_eval_and_demo_with_their_options():
     result = runner.invoke(lab_app, ["demo", "--help"])
     assert result.exit_code == 0
     for option in ("--user", "--data", "--specialist", "--generalist", "--precision", "--preset",
-                   "--max-new-tokens", "--max-prompt-tokens"):
+                   "--max-new-tokens", "--max-prompt-tokens", "--warm-start"):
         assert option in result.output
+    # the demo writes in the sender's voice from the first token: no Generalist opening
+    # (docs/BENCHMARKS.md, issue 14 second pass)
+    import inspect
+
+    from specsteer_lab.cli.demo import demo_command
+    assert inspect.signature(demo_command).parameters["warm_start"].default is False
 
 
 def test_device_cli_has_neither_eval_nor_demo():

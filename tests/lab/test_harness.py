@@ -138,9 +138,32 @@ def test_method_names():
     assert parse_method("costeer").method == "costeer"
     assert [s.label for s in parse_methods(["slm,llm", "slm", "specsteer@0.50"])] == [
         "slm", "llm", "specsteer@0.5"]
-    for bad in ("gpt", "costeer@0.5", "specsteer@x"):
+    for bad in ("gpt", "costeer@0.5", "specsteer@x", "llm:fast", "specsteer:turbo"):
         with pytest.raises(EvalError):
             parse_method(bad)
+
+
+def test_a_preset_method_decodes_with_the_presets_settings():
+    from specsteer.settings import Params
+
+    fast = parse_method("specsteer:fast")
+    preset = Params.preset("fast")
+    assert (fast.label, fast.method, fast.gamma, fast.top_k) == (
+        "specsteer:fast", "specsteer", preset.gamma, preset.top_k)
+    config = EvalConfig(task="tweet", top_k=64)
+    assert config.params(fast).top_k == preset.top_k != 64
+    assert config.params(parse_method("specsteer@0.1")).top_k == 64  # the run's own
+    assert [s.label for s in parse_methods(["specsteer:fast", "specsteer@0.1"])] == [
+        "specsteer:fast", "specsteer@0.1"]  # same gamma, two methods
+
+
+def test_no_repeat_rule_reaches_every_method():
+    from specsteer.settings import Params
+
+    assert EvalConfig(task="tweet").no_repeat_ngram == Params().no_repeat_ngram
+    config = EvalConfig(task="tweet", no_repeat_ngram=6)
+    for name in ("slm_rag", "llm", "specsteer@0.5", "specsteer:fast"):
+        assert config.params(parse_method(name)).no_repeat_ngram == 6
 
 
 def test_public_prompt_never_holds_the_context(harness, reviews):

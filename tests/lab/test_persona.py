@@ -44,3 +44,20 @@ def test_persona_store_needs_no_shared_data(monkeypatch: pytest.MonkeyPatch,
 def test_missing_persona_folder_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(SpecSteerError, match="persona data is missing.*--data"):
         demo.persona_store(tmp_path)
+
+
+def test_the_demo_prompt_shows_the_persona_its_own_sign_off(monkeypatch: pytest.MonkeyPatch,
+                                                            tmp_path: Path) -> None:
+    # The sign-off is the user's own words: cleaning (history.clean) must keep it in the examples
+    # the Specialist sees, or the model can only invent one ("[Your Name]").
+    from specsteer.history import prompts
+
+    monkeypatch.setenv("SPECSTEER_HOME", str(tmp_path / "home"))
+    store = demo.persona_store()
+    hits = prompts.retrieve(store, "email", demo.PERSONA_QUERY, 5)
+    prompt = prompts.build_prompt("email", demo.PERSONA_QUERY, hits, max_prompt_tokens=640)
+    whole = [answer for (_, answer), record in zip(prompt.examples, reversed(prompt.records),
+                                                      strict=True)
+             if record not in prompt.truncated]
+    assert whole and all(answer.rstrip().endswith(SIGN_OFF) for answer in whole)
+    assert "Wren" not in prompt.request  # the public request never names the sender

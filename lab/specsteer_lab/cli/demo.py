@@ -39,6 +39,11 @@ def demo_command(
     max_prompt_tokens: Annotated[
         int, typer.Option(help="Private prompt budget: its prefill is the slow part on a CPU")
     ] = 640,
+    warm_start: Annotated[
+        bool, typer.Option(help="Let the companion write the opening from the public request "
+                                "while the device prefills (sooner first token; the opening is "
+                                "then the Generalist's generic one, not the sender's)")
+    ] = False,
 ) -> None:
     """The main job: a real email in a sender's voice via SDK + companion on real models."""
     from specsteer.client import Client
@@ -67,8 +72,13 @@ def demo_command(
             where = query.get("newsgroup") or query.get("to") or "?"
             console.print(f"[bold]Subject:[/bold] {query.get('subject')}  [dim]({where})[/dim]")
             console.print(legend())
+            # Off by default: with it, the first ~17 tokens for the persona were the Generalist's
+            # "Subject: Bulb Planting Day / Dear Growers, I hope this message finds you well"
+            # and the letter went on in that template; cold, it opens "Hi," and signs as Wren
+            # (docs/BENCHMARKS.md, issue 14 second pass).
             result = print_stream(
-                client, query, "email", {"preset": preset, "max_new_tokens": max_new_tokens}
+                client, query, "email",
+                {"preset": preset, "max_new_tokens": max_new_tokens, "warm_start": warm_start},
             )
             console.print(stats_table(result))
             if gold is not None:

@@ -45,7 +45,8 @@ def eval_command(
     users: Annotated[int, typer.Option(min=1, help="Evaluate the first N users.")] = 5,
     methods: Annotated[list[str] | None, typer.Option(
         help="Methods, space- or comma-separated: slm slm_rag llm speculative light_costeer "
-             "costeer specsteer@1.0 specsteer@0.5 specsteer@0.1 (default: all of these).")
+             "costeer specsteer@1.0 specsteer@0.5 specsteer@0.1 (default: all of these); "
+             "specsteer:fast runs a preset's gamma and candidate count.")
     ] = None,
     specialist: Annotated[str, typer.Option(help="Specialist: registry name or compiled folder.")
                           ] = "qwen2.5-0.5b",
@@ -67,6 +68,9 @@ def eval_command(
         help="Every method generates within the user's length policy (min/max new tokens from "
              "the history), capped by --max-new-tokens.")] = True,
     draft_k: Annotated[int, typer.Option(min=1, help="Tokens drafted per SpecSteer round.")] = 4,
+    no_repeat_ngram: Annotated[int | None, typer.Option(
+        min=0, help="Never repeat an n-gram of the output, every method (0: off; default: the "
+                    "SDK's Params default).")] = None,
     alpha: Annotated[float, typer.Option(help="Steering strength of the private term.")] = 1.0,
     threads: Annotated[int, typer.Option(min=1, help="ONNX Runtime threads per model.")] = 1,
     pipeline: Annotated[bool, typer.Option(
@@ -92,7 +96,9 @@ def eval_command(
         config = EvalConfig(task=task, max_new_tokens=max_new_tokens, retrieve_k=retrieve_k,
                             rtt_ms=rtt_ms, max_prompt_tokens=max_prompt_tokens, draft_k=draft_k,
                             min_example_tokens=min_example_tokens, user_length=user_length,
-                            alpha=alpha, pipeline=pipeline)
+                            alpha=alpha, pipeline=pipeline,
+                            **({} if no_repeat_ngram is None
+                               else {"no_repeat_ngram": no_repeat_ngram}))
         examples = data_lib.load_examples(task, data, users)
         err.print(f"{len(examples)} users × {len(specs)} methods; loading {specialist} and "
                   f"{generalist}", style="dim", markup=False)

@@ -30,6 +30,7 @@ from specsteer.history.length import LengthPolicy
 from specsteer.history.store import HistoryStore
 from specsteer.link import CompanionLink, FrameChannel
 from specsteer.runtime.base import LanguageModel
+from specsteer.settings import PRESETS
 from specsteer.tokenizer import Message
 from specsteer_companion.local import LocalChannel
 from specsteer_companion.verifier import Verifier
@@ -50,6 +51,7 @@ class MethodSpec:
     label: str
     method: str
     gamma: float
+    top_k: int | None = None  # a preset's candidate count; None: the run's --top-k
 
     @property
     def collaborative(self) -> bool:
@@ -57,7 +59,10 @@ class MethodSpec:
 
 
 def parse_method(name: str) -> MethodSpec:
-    """"specsteer@0.1" -> SpecSteer at gamma 0.1; a bare name uses the default gamma (0.5)."""
+    """"specsteer@0.1" -> SpecSteer at gamma 0.1; a bare name uses the default gamma (0.5);
+    "specsteer:fast" -> SpecSteer with a preset's gamma and candidate count (`Params.preset`)."""
+    if ":" in name:
+        return _preset(name.strip())
     method, _, gamma_text = name.strip().partition("@")
     if method not in METHODS:
         raise EvalError(f"unknown method {name!r}; choose from {', '.join(METHODS)} "
@@ -75,6 +80,15 @@ def parse_method(name: str) -> MethodSpec:
     if gamma < 0:
         raise EvalError(f"{name!r}: gamma must be >= 0")
     return _specsteer(gamma)
+
+
+def _preset(name: str) -> MethodSpec:
+    method, _, preset = name.partition(":")
+    if method != "specsteer" or preset not in PRESETS:
+        raise EvalError(f"{name!r}: a preset goes with specsteer, one of "
+                        f"{', '.join(f'specsteer:{p}' for p in PRESETS)}")
+    params = Params.preset(preset)
+    return MethodSpec(name, "specsteer", params.gamma, params.top_k)
 
 
 def _specsteer(gamma: float) -> MethodSpec:
@@ -112,6 +126,8 @@ class EvalConfig:
     alpha: float = 1.0
     top_k: int = 64  # sparse candidates per recovery / row
     costeer_iterations: int = 20
+    # Never repeat an output n-gram (`Params.no_repeat_ngram`), the same for every method.
+    no_repeat_ngram: int = Params().no_repeat_ngram
     # Drafting the next round while the companion verifies only pays when the two run at the
     # same time; the in-process companion runs in between, so here it would only add the lost
     # bets' drafting to SpecSteer's and speculative decoding's time. Output is the same.
@@ -126,7 +142,8 @@ class EvalConfig:
     def params(self, spec: MethodSpec, length: LengthPolicy | None = None) -> Params:
         low, high = self.bounds(length)
         return Params(method=spec.method, gamma=spec.gamma, alpha=self.alpha, k=self.draft_k,
-                      top_k=self.top_k, max_new_tokens=high, min_new_tokens=low,
+                      top_k=spec.top_k or self.top_k, max_new_tokens=high, min_new_tokens=low,
+                      no_repeat_ngram=self.no_repeat_ngram,
                       costeer_iterations=self.costeer_iterations, pipeline=self.pipeline,
                       warm_start=False)  # the method's own text: no timing-dependent start
 

@@ -56,6 +56,9 @@ class MethodSummary:
     @property
     def name(self) -> str:
         base = _NAMES.get(self.base_method, self.base_method)
+        _, preset = self.label.partition(":")[::2]  # "specsteer:fast": a preset's settings
+        if preset:
+            base = f"{base} {preset}"
         return f"{base} (γ={self.gamma:g})" if self.gamma is not None else base
 
 

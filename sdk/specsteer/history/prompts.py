@@ -71,6 +71,10 @@ class Task:
     # What of a text is the user's own writing (mail: no quotes, attributions, signature).
     own_text: Callable[[str], str] = lambda text: text
     aliases: Mapping[str, str] = field(default_factory=dict)  # other key -> field
+    # A rewrite (paraphrase): the query text whose length the output keeps. None: the user's
+    # own texts set the length. (LaMP-7: gold tweets follow the input's length far more closely
+    # than the user's typical one; docs/BENCHMARKS.md.)
+    rewrites: Callable[[Mapping[str, str]], str] | None = None
 
 
 @dataclass(frozen=True)
@@ -277,6 +281,7 @@ _TASKS: dict[str, Task] = {
             # The tweet an earlier one paraphrased is not kept: ask for a tweet of one's own.
             example=lambda r, body: ("Write one of your tweets.", body),
             aliases={"text": "tweet", "input": "tweet"},
+            rewrites=lambda q: _tweet_of(q["tweet"]),
         ),
         Task(
             name="email",
@@ -360,13 +365,16 @@ def request_text(task: str, query: Mapping[str, object] | str) -> str:
     return spec.request(_query_fields(spec, query))
 
 
-def private_request_text(request: str, items: str, length: LengthPolicy | None) -> str:
-    """The private view's last user message: the request, then the user's typical length."""
+def private_request_text(request: str, items: str, length: LengthPolicy | None,
+                         *, rewrite: bool = False) -> str:
+    """The private view's last user message: the request, then the length to write at (the
+    user's typical length, or for a rewrite the original's)."""
     if length is None:
         return request
+    whose = "the original's length" if rewrite else "their usual length"
     return (
-        f"{request} Write it in the same voice as your earlier {items}, at about their usual "
-        f"length (about {length.median_words} words)."
+        f"{request} Write it in the same voice as your earlier {items}, at about {whose} "
+        f"(about {length.median_words} words)."
     )
 
 
@@ -468,7 +476,8 @@ def build_prompt(
     spec = get_task(task)
     if min_example_tokens < 0:
         raise ValueError(f"min_example_tokens must be >= 0, not {min_example_tokens}")
-    request = spec.request(_query_fields(spec, query))
+    fields = _query_fields(spec, query)
+    request = spec.request(fields)
     records: list[Record] = []
     own: dict[str, str] = {}  # record id -> the user's own words of its body
     ranked: list[str] = []
@@ -482,9 +491,10 @@ def build_prompt(
             records.append(record)
             own[record.id] = text
     length = length_policy(
-        [spec.own_text(spec.answer(record)) for record in records], count_tokens
+        [spec.rewrites(fields)] if spec.rewrites is not None
+        else [spec.own_text(spec.answer(record)) for record in records], count_tokens
     )
-    final = private_request_text(request, spec.items, length)
+    final = private_request_text(request, spec.items, length, rewrite=spec.rewrites is not None)
     renderer = _Renderer(spec, request, final, system, count_tokens)
     public = renderer.tokens([])
     if public > max_prompt_tokens:
