@@ -6,18 +6,23 @@ track to a generation, stopping that prefill at its next chunk and rewinding the
 the longest prefix it shares with the generation's prompt (exact rewind: an index move), so
 only the rest is run; `give_back` keeps it for the next one. The task's static system part and
 any records that stay retrieved are therefore prefilled once per model session.
+`KeptSessions` does the same for the companion's side: the session over the public prompt,
+opened ahead (hello and the companion's prefill) so that the first round can start at once.
 """
 
 from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from specsteer.device.rounds import session_settings
 from specsteer.errors import GenerationCancelled
+from specsteer.link import CANCEL_POLL_S, CompanionLink
 from specsteer.runtime.base import LanguageModel
-from specsteer.runtime.track import Track
+from specsteer.runtime.track import Track, model_pace
+from specsteer.settings import Params
 
 PREPARED_ROOM = 1024  # tokens a prepared session leaves after its prompt (generation + margin)
 
@@ -102,4 +107,96 @@ class KeptTracks:
                 kept.track.retarget(kept.held(), ids)
                 return _Kept(kept.track, list(ids))
             kept.track.close()
-        return _Kept(Track(self.model, ids, room, lazy=True), list(ids))
+        return _Kept(Track(self.model, ids, room, lazy=True, pace=model_pace(self.model)),
+                      list(ids))
+
+
+Connect = Callable[[threading.Event], CompanionLink]  # a new link whose waits end on the event
+
+
+class OpeningSession:
+    """A companion session opened on a thread for a prepared request's public prompt.
+
+    The link's hello and the companion's prefill of the public prompt (its `OpenSession`) run
+    while the user is still typing; `take` hands the link to the generation, which uses the
+    session as it is when its public prompt and settings match (`CompanionLink.holds`) and
+    replaces it on the same connection otherwise. Only the public prompt goes up, as in any
+    generation. Nothing is left open: a session not taken is closed.
+    """
+
+    def __init__(self, connect: Connect, public_ids: Sequence[int], params: Params) -> None:
+        self.stop = threading.Event()
+        self._lock = threading.Lock()
+        self._link: CompanionLink | None = None
+        self._taken = False
+        self._thread = threading.Thread(target=self._open, args=(connect, list(public_ids),
+                                                                 params),
+                                        name="specsteer-open", daemon=True)
+        self._thread.start()
+
+    def _open(self, connect: Connect, public_ids: list[int], params: Params) -> None:
+        link = None
+        try:
+            link = connect(self.stop)
+            link.open(public_ids, session_settings(params, link))
+        except BaseException:  # unreachable, refused, stopped: the generation connects itself
+            if link is not None:
+                link.close()
+            return
+        with self._lock:
+            if self._taken:  # given up while opening
+                link.close()
+            else:
+                self._link = link
+
+    def done(self, timeout: float | None = None) -> bool:
+        self._thread.join(timeout)
+        return not self._thread.is_alive()
+
+    def take(self, cancel: threading.Event | None = None) -> CompanionLink | None:
+        """The link once opening is over (None if it failed); the caller owns it. Raises
+        `GenerationCancelled` (and gives the session up) when `cancel` is set meanwhile."""
+        while not self.done(CANCEL_POLL_S):
+            if cancel is not None and cancel.is_set():
+                self.close()
+                raise GenerationCancelled("cancelled while the prepared session opened")
+        with self._lock:
+            link, self._link, self._taken = self._link, None, True
+        return link
+
+    def close(self) -> None:
+        """Give the session up: closed now if open, or as soon as its opening ends."""
+        self.stop.set()
+        with self._lock:
+            link, self._link, self._taken = self._link, None, True
+        if link is not None:  # a websocket close waits a round trip: not on the caller's time
+            threading.Thread(target=link.close, name="specsteer-close", daemon=True).start()
+
+
+class KeptSessions:
+    """The companion session `Client.prepare` opened per task (at most one each)."""
+
+    def __init__(self) -> None:
+        self._kept: dict[str, OpeningSession] = {}
+        self._lock = threading.Lock()
+
+    def prepare(self, task: str, connect: Connect, public_ids: Sequence[int],
+                params: Params) -> OpeningSession:
+        opening = OpeningSession(connect, public_ids, params)
+        with self._lock:
+            old, self._kept[task] = self._kept.get(task), opening
+        if old is not None:
+            old.close()
+        return opening
+
+    def take(self, task: str, cancel: threading.Event | None = None) -> CompanionLink | None:
+        """The task's prepared link (the caller owns it), or None."""
+        with self._lock:
+            opening = self._kept.pop(task, None)
+        return opening.take(cancel) if opening is not None else None
+
+    def close(self) -> None:
+        with self._lock:
+            kept, self._kept = list(self._kept.values()), {}
+        for opening in kept:
+            opening.close()

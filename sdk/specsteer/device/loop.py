@@ -26,8 +26,10 @@ from specsteer.device.warm import BackgroundPrefill, estimated_prefill_s
 from specsteer.errors import CompanionTimedOut, CompanionUnavailable, GenerationCancelled
 from specsteer.link import CompanionLink
 from specsteer.runtime.base import LanguageModel
-from specsteer.runtime.track import Track
+from specsteer.runtime.track import Track, model_pace
 from specsteer.settings import Params
+
+CLOSE_GRACE_S = 0.05  # a cancelled generation waits this long at most for its links to close
 
 
 def decode(
@@ -116,7 +118,7 @@ class _Generation:
         self.warming: BackgroundPrefill | None = None
         self.owns_local = local is None
         self.local = local if local is not None else \
-            Track(specialist, self.prompt_ids, room, lazy=True)
+            Track(specialist, self.prompt_ids, room, lazy=True, pace=model_pace(specialist))
         self.guard = guard if guard is not None or not params.collaborative else LeakGuard(
             specialist.tokenizer, prompt.private_ids, prompt.public_ids,
             policy=params.leak_guard, n=params.leak_guard_n,
@@ -131,13 +133,19 @@ class _Generation:
         finally:
             if self.warming is not None:
                 self.warming.abandon()
-            self._drop_remote()
+            # cancelled: the caller gets control back now; a companion busy on a round (or a
+            # websocket's close handshake) takes the links' closing off its wait
+            self._drop_remote(background=self.cancel.is_set())
             self.links.close()
             if self.owns_local:
                 self.local.close()
 
     def _run(self, link: CompanionLink | None) -> Iterator[TokenEvent]:
         params, stats = self.params, self.stats
+        if link is not None:
+            self._hold_link(link)  # closed with the generation, used or not
+        if self.cancel.is_set():
+            raise GenerationCancelled("generation cancelled")
         warm = self._warm_start_wanted(link)
         if warm:
             self.warming = BackgroundPrefill(self.local, self.cancel)
@@ -146,8 +154,9 @@ class _Generation:
             stats.prefill_s += time.perf_counter() - self.started
         if params.collaborative:
             try:
-                link = link if link is not None else self.links.connect()
-                self.open_links.append(link)
+                if link is None:
+                    link = self.links.connect()
+                    self._hold_link(link)
                 self._collaborate(link, warm=warm)
             except LINK_ERRORS as exc:
                 self._end_warm_start()
@@ -195,8 +204,13 @@ class _Generation:
 
     def _go_remote(self, link: CompanionLink) -> None:
         """Collaborate over `link` from here: the public prompt plus every token so far."""
-        self.open_links.append(link)
+        self._hold_link(link)
         self._collaborate(link)
+
+    def _hold_link(self, link: CompanionLink) -> None:
+        """Use `link` from here: its waits end when the generation is cancelled."""
+        link.cancel = self.cancel
+        self.open_links.append(link)
 
     def _collaborate(self, link: CompanionLink, *, warm: bool = False) -> None:
         """(Re-)open the session on the public prompt plus every token so far; `warm`: as the
@@ -298,15 +312,24 @@ class _Generation:
         self.links.went_local()
         self._announce("local", str(exc))
 
-    def _drop_remote(self) -> None:
+    def _drop_remote(self, background: bool = False) -> None:
+        """Close the remote rounds and every open link (their sessions end with them);
+        `background`: on a thread of its own, waited for at most `CLOSE_GRACE_S`."""
         if self.open_links:
             self.next_round = self.open_links[-1].conn.round
         self.resyncing = False
         if self.remote is not None:
             self.remote.close()  # type: ignore[attr-defined]
             self.remote = None
-        while self.open_links:
-            self.open_links.pop().close()
+        links, self.open_links = self.open_links[::-1], []
+        if not background:
+            for link in links:
+                link.close()
+        elif links:
+            closer = threading.Thread(target=lambda: [link.close() for link in links],
+                                      name="specsteer-close", daemon=True)
+            closer.start()
+            closer.join(CLOSE_GRACE_S)
 
     def _local_token(self) -> int:
         """The Specialist alone (local methods, offline-degraded mode): one round per token."""

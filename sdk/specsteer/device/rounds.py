@@ -23,7 +23,7 @@ from specsteer.device.events import DecodeStats
 from specsteer.device.leak_guard import LeakGuard, LeakHeld, best_allowed
 from specsteer.draft_length import DraftLength
 from specsteer.link import CompanionLink
-from specsteer.protocol import HelloOk, Mode, Verdict
+from specsteer.protocol import HelloOk, Mode, SessionSettings, Verdict
 from specsteer.runtime.base import LanguageModel
 from specsteer.runtime.track import Track
 from specsteer.settings import Params
@@ -37,6 +37,13 @@ def s0_placed_on_device(params: Params, hello_ok: HelloOk | None) -> bool:
     if params.s0_on_device is not None:
         return params.s0_on_device
     return hello_ok is not None and not hello_ok.specialist_sha256
+
+
+def session_settings(params: Params, link: CompanionLink) -> SessionSettings:
+    """The settings a session for `params` is opened with over `link` (after its hello)."""
+    mode = MODES.get(params.method, Mode.ROWS)
+    s0_here = mode is Mode.SPECSTEER and s0_placed_on_device(params, link.hello_ok)
+    return params.session_settings(mode, s0_here)
 
 
 def collaborate(
@@ -58,13 +65,16 @@ def collaborate(
     A generator: nothing is sent before the first token is asked for, so every link failure
     surfaces at a `next()` of the decoding loop, which applies the offline policy. `guard`
     checks every draft before it leaves, after the output `committed` so far (raising
-    `LeakHeld` under "hold"); the per-token baselines are not guarded.
+    `LeakHeld` under "hold"); the per-token baselines are not guarded. A session `link`
+    already holds unused over this prompt and settings (`Client.prepare`) is used as it is;
+    any other one is replaced.
     """
-    mode = MODES.get(params.method, Mode.ROWS)
-    s0_here = mode is Mode.SPECSTEER and s0_placed_on_device(params, link.hello_ok)
-    settings = params.session_settings(mode, s0_here)
+    settings = session_settings(params, link)
+    mode, s0_here = settings.mode, settings.s0_on_device
     if committed or round_:
         link.resume(public_prompt, committed, settings, round_)
+    elif link.holds(public_prompt, settings):
+        stats.session_reused = True
     else:
         link.open(public_prompt, settings)
     public_ids = [*public_prompt, *committed]
@@ -187,14 +197,15 @@ class SteeredRounds:
             if self.committed:
                 self.local.push(self.committed[-1])
             return draft(
-                self.local, size, params.temperature, self.rng, self.eos, banned=banned
+                self.local, size, params.temperature, self.rng, self.eos, banned=banned,
+                cancel=self.link.cancel,
             )
         current, self.ahead = self.ahead, None
         # the bet was cut short when the verdict landed: finish it, so that a round's draft
         # (where its bonus falls, so the text) never depends on timing
         cut = len(current.tokens)
         draft(self.local, size, params.temperature, self.rng, self.eos, into=current,
-              banned=banned)
+              banned=banned, cancel=self.link.cancel)
         if self.ahead_s0 is not None and len(current.tokens) > cut:
             assert self.s0 is not None
             extra = self.s0.extend(current.tokens[cut:])[1:]
@@ -265,6 +276,7 @@ class SteeredRounds:
             self.local, size, self.params.temperature, self.rng, self.eos,
             stop=self.link.reply_ready,
             banned=self._bans_after(after + 1, [*self.text, *drafted, guess]),
+            cancel=self.link.cancel,
         )
         if self.s0 is not None and s0_rows is not None and not self.link.reply_ready():
             # same bet for P_S0: score [guess, *ahead] now, off the hot path

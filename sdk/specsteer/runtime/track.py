@@ -4,14 +4,18 @@ Every participant of a round holds such a pair: the device's Specialist with the
 prompt, its context-free copy (P_S0, on the device or in the companion) and the companion's
 Generalist. Rolling a rejected draft back is an index move (`keep`), as in gpt-fast: the
 session rewinds and the row of the new last position is put back from the rows already
-computed, so no model pass is spent on it. The prompt is prefilled in chunks of
-`PREFILL_CHUNK` tokens with a cancellation check between chunks; what a cancelled prefill
-already ran stays in the session and the rest stays pending, so a later `prefill` resumes it.
+computed, so no model pass is spent on it. The prompt is prefilled in chunks with a
+cancellation check between chunks; what a cancelled prefill already ran stays in the session
+and the rest stays pending, so a later `prefill` resumes it. A cancel waits for the chunk in
+flight, so the device paces its chunks (`PrefillPace`): each lasts about `PACED_CHUNK_S`
+whatever the CPU, instead of a fixed token count that takes seconds on a slow core.
 """
 
 from __future__ import annotations
 
 import threading
+import time
+import weakref
 from collections.abc import Sequence
 
 import numpy as np
@@ -19,7 +23,47 @@ import numpy as np
 from specsteer.errors import GenerationCancelled
 from specsteer.runtime.base import LanguageModel, Session
 
-PREFILL_CHUNK = 128  # tokens per prefill pass: the cancellation granularity of a prefill
+PREFILL_CHUNK = 128  # tokens per prefill pass (unpaced), and the most a paced pass runs
+PACED_CHUNK_S = 0.1  # seconds a paced pass aims at: half the 200 ms a cancel may take
+PACED_FIRST = 8  # tokens of a paced pass before any rate is known (the fewest it runs)
+
+
+class PrefillPace:
+    """How many tokens the next prefill pass runs so that it lasts about `seconds`.
+
+    Sized from the tokens/s of the last pass on this model (shared by every track that uses
+    this pace), within [`low`, `high`]. Small passes cost throughput (weights are read once
+    per pass), so the pace is used where a cancel must land quickly: the device's prefill.
+    """
+
+    def __init__(self, seconds: float = PACED_CHUNK_S, low: int = PACED_FIRST,
+                 high: int = PREFILL_CHUNK) -> None:
+        if seconds <= 0 or not 1 <= low <= high:
+            raise ValueError("need seconds > 0 and 1 <= low <= high")
+        self.seconds, self.low, self.high = seconds, low, high
+        self.rate: float | None = None  # tokens/s of the last pass
+
+    def size(self) -> int:
+        if self.rate is None:
+            return self.low
+        return max(self.low, min(self.high, int(self.rate * self.seconds)))
+
+    def observe(self, tokens: int, seconds: float) -> None:
+        if tokens > 0 and seconds > 0:
+            self.rate = tokens / seconds
+
+
+_PACES: weakref.WeakKeyDictionary[object, PrefillPace] = weakref.WeakKeyDictionary()
+_PACES_LOCK = threading.Lock()
+
+
+def model_pace(model: LanguageModel) -> PrefillPace:
+    """The model's shared `PrefillPace` (its last measured rate sizes every paced prefill)."""
+    with _PACES_LOCK:
+        pace = _PACES.get(model)
+        if pace is None:
+            pace = _PACES[model] = PrefillPace()
+        return pace
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
@@ -37,6 +81,8 @@ class Track:
 
     lazy: prefill on first use, so a role that may never be needed (the Specialist under the
     LLM baseline, until the companion goes away) never pays for it.
+    chunk: tokens per prefill pass; pace: size each pass by time instead (the device's
+    prefill, which a cancel must be able to stop within ~`pace.seconds`).
     """
 
     def __init__(
@@ -47,12 +93,14 @@ class Track:
         *,
         lazy: bool = False,
         chunk: int = PREFILL_CHUNK,
+        pace: PrefillPace | None = None,
     ) -> None:
         if chunk < 1:
             raise ValueError("chunk must be >= 1")
         self.session: Session = model.new_session(max_length=max_length)  # type: ignore[call-arg]
         self.max_length = max_length
         self.chunk = chunk
+        self.pace = pace
         self._pending: list[int] | None = list(prompt)
         self._row: np.ndarray | None = None
         if not lazy:
@@ -64,7 +112,7 @@ class Track:
         return len(self._pending) if self._pending is not None else 0
 
     def prefill(self, *cancel: threading.Event | None) -> None:
-        """Run what is left of the prompt now, `chunk` tokens per pass.
+        """Run what is left of the prompt now, a chunk per pass (`chunk` tokens, or paced).
 
         Raises `GenerationCancelled` at a chunk boundary once any `cancel` event is set; the
         chunks already run stay in the session and `prefill` resumes from there.
@@ -72,8 +120,11 @@ class Track:
         while self._pending:
             if any(event is not None and event.is_set() for event in cancel):
                 raise GenerationCancelled("prefill cancelled")
-            part = self._pending[: self.chunk]
+            part = self._pending[: self.pace.size() if self.pace is not None else self.chunk]
+            started = time.perf_counter()
             self._row = self.session.append(part)[-1]
+            if self.pace is not None:
+                self.pace.observe(len(part), time.perf_counter() - started)
             self._pending = self._pending[len(part):]
         self._pending = None
 
