@@ -54,16 +54,20 @@ class PrefillPace:
 
 
 _PACES: weakref.WeakKeyDictionary[object, PrefillPace] = weakref.WeakKeyDictionary()
+_PACES_BY_ID: dict[int, PrefillPace] = {}  # models that cannot be hashed (value dataclasses)
 _PACES_LOCK = threading.Lock()
 
 
 def model_pace(model: LanguageModel) -> PrefillPace:
-    """The model's shared `PrefillPace` (its last measured rate sizes every paced prefill)."""
+    """The model's shared `PrefillPace` (its last measured rate sizes every paced prefill).
+
+    An unhashable model is keyed by its id: should a later model reuse it, it starts from
+    the old rate, which its first pass corrects."""
     with _PACES_LOCK:
-        pace = _PACES.get(model)
-        if pace is None:
-            pace = _PACES[model] = PrefillPace()
-        return pace
+        try:
+            return _PACES.setdefault(model, PrefillPace())
+        except TypeError:
+            return _PACES_BY_ID.setdefault(id(model), PrefillPace())
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
