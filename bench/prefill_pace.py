@@ -15,10 +15,10 @@ import argparse
 import json
 import os
 import statistics
-import threading
 import time
 from pathlib import Path
 
+from latency import cancel_stop_s  # bench/, the script's own folder
 from rich.console import Console
 from rich.table import Table
 
@@ -29,16 +29,6 @@ from specsteer.runtime.track import PACED_CHUNK_S, PrefillPace, Track
 from specsteer_lab.eval.data import shared_file
 
 CHUNKS = (8, 16, 32, 64, 128)
-
-
-class StampedEvent(threading.Event):
-    """An Event remembering when it was set."""
-
-    set_at: float | None = None
-
-    def set(self) -> None:
-        self.set_at = time.perf_counter()
-        super().set()
 
 
 class TimedSession:
@@ -79,20 +69,6 @@ def prefill(model, ids: list[int], chunk: int | None) -> dict:
             "median_tokens": statistics.median(n for n, _ in timed.passes)}
 
 
-def cancel_after(client: Client, query: object, delay: float) -> float | None:
-    """Seconds from a cancel set `delay` s into a generation until its stream ended (None:
-    it ended first)."""
-    stamped = StampedEvent()
-    timer = threading.Timer(delay, stamped.set)
-    timer.start()
-    for _ in client.stream(query, task="email", cancel=stamped, method="slm_rag",
-                           max_new_tokens=4):
-        pass
-    ended = time.perf_counter()
-    timer.cancel()
-    return None if stamped.set_at is None else ended - stamped.set_at
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--specialist", default="qwen2.5-0.5b")
@@ -125,8 +101,8 @@ def main() -> None:
             console.print(rows[-1])
         for i in range(args.cancels):  # cancel moments spread over the first seconds
             delay = 0.3 + i * 0.53
-            cancels.append({"user": user, "delay_s": delay,
-                            "stop_s": cancel_after(client(), shared.query, delay)})
+            cancels.append({"user": user, "delay_s": delay, "stop_s": cancel_stop_s(
+                client(), shared.query, delay, method="slm_rag", max_new_tokens=4)})
             console.print(cancels[-1])
     table = Table(title=f"{args.specialist} {args.precision} prefill, {args.threads} thread(s), "
                         f"paced target {PACED_CHUNK_S:g} s per pass")
