@@ -57,7 +57,20 @@ def test_retarget_keeps_the_common_prefix_only(tiny_model):
     track.prefill()
     assert sum(counting.passes) == len(changed) - 150
     np.testing.assert_allclose(track.row, Track(tiny_model, changed, 400).row, atol=1e-4)
-    assert track.retarget(changed, changed) == len(changed) - 1  # the last token runs again
+    # holding exactly the prompt, with its row: nothing runs again
+    assert track.retarget(changed, changed) == len(changed) and track.pending == 0
+    assert sum(counting.passes) == len(changed) - 150
+
+
+def test_retarget_runs_the_last_token_again_when_the_row_may_be_stale(tiny_model):
+    prompt = _prompt(tiny_model, 100)
+    track = Track(tiny_model, prompt, 400)
+    expected = track.row.copy()
+    track.push(5)
+    track.push(9)
+    track.session.rewind(len(prompt))  # as a lost bet does: the row is the pushed token's
+    assert track.retarget(prompt, prompt) == len(prompt) - 1 and track.pending == 1
+    np.testing.assert_allclose(track.row, expected, atol=1e-4)
 
 
 def test_device_threads_default_to_the_usable_cores():

@@ -107,6 +107,7 @@ class Track:
         self.pace = pace
         self._pending: list[int] | None = list(prompt)
         self._row: np.ndarray | None = None
+        self._row_at = -1  # the session length `_row` was computed at
         if not lazy:
             self.prefill()
 
@@ -126,7 +127,7 @@ class Track:
                 raise GenerationCancelled("prefill cancelled")
             part = self._pending[: self.pace.size() if self.pace is not None else self.chunk]
             started = time.perf_counter()
-            self._row = self.session.append(part)[-1]
+            self._set_row(self.session.append(part)[-1])
             if self.pace is not None:
                 self.pace.observe(len(part), time.perf_counter() - started)
             self._pending = self._pending[len(part):]
@@ -136,14 +137,22 @@ class Track:
         """Hold `prompt` (pending, run by the next `prefill`), keeping the longest prefix it
         shares with `held`, the ids known to start the session; returns the tokens kept.
 
-        At least the prompt's last token is run again, so its next-position row is fresh.
+        At least the prompt's last token is run again, so its next-position row is fresh,
+        unless the session holds exactly `prompt`, fully prefilled: its row is that one.
         """
+        if (self._pending is None and self._row is not None and prompt
+                and self._row_at == self.session.length == len(prompt)
+                and list(held) == list(prompt)):
+            return len(prompt)
         keep = min(common_prefix(held, prompt), len(prompt) - 1, self.session.length)
         keep = max(keep, 0)
         self.session.rewind(keep)
         self._pending = list(prompt[keep:])
         self._row = None
         return keep
+
+    def _set_row(self, row: np.ndarray) -> None:
+        self._row, self._row_at = row, self.session.length
 
     @property
     def row(self) -> np.ndarray:
@@ -161,7 +170,7 @@ class Track:
     def push(self, token: int) -> np.ndarray:
         """Append one token; its row for the next position."""
         self.prefill()
-        self._row = self.session.append([token])[-1]
+        self._set_row(self.session.append([token])[-1])
         return self._row
 
     def extend(self, ids: Sequence[int]) -> np.ndarray:
@@ -170,21 +179,21 @@ class Track:
         if not ids:
             return row[None, :]
         rows = self.session.append(list(ids))
-        self._row = rows[-1]
+        self._set_row(rows[-1])
         return np.concatenate([row[None, :], rows])
 
     def keep(self, length: int, row: np.ndarray) -> None:
         """Hold only the first `length` tokens, whose next-position row is `row`."""
         self.prefill()
         self.session.rewind(length)
-        self._row = row
+        self._set_row(row)
 
     def resync(self, sequence: Sequence[int]) -> None:
         """Hold exactly `sequence` (prompt included): keep the common length, run the rest."""
         self._pending = None
         keep = min(self.session.length, len(sequence) - 1)
         self.session.rewind(keep)
-        self._row = self.session.append(list(sequence[keep:]))[-1]
+        self._set_row(self.session.append(list(sequence[keep:]))[-1])
 
     def close(self) -> None:
         self.session.close()
