@@ -217,10 +217,9 @@ def main() -> None:
                                  session_reused=res.stats.session_reused))
                 stops = []
                 for delay in (0.15, 0.4, 0.65):  # cancels during the first rounds
-                    c = client(via)
-                    c.prepare(shared.query, task="email", **common).wait()
-                    stops.append(cancel_stop_s(c, shared.query, delay, **common))
-                    c.close()
+                    prepared.prepare(shared.query, task="email", **common).wait()
+                    stops.append(cancel_stop_s(prepared, shared.query, delay, **common))
+                prepared.close()
                 extra[f"user{user}"][f"cancel_round_stop_s@{rtt:g}"] = stops  # type: ignore[index]
                 proxy.close()
                 console.print(f"user {user} rtt {rtt:g} ms done")
