@@ -130,16 +130,19 @@ class StampedEvent(threading.Event):
 
 def cancel_stop_s(client: Client, query: object, delay: float, **params: object
                   ) -> float | None:
-    """Seconds from a cancel set `delay` s into a streamed generation until the stream ended
-    (None: it ended before the cancel)."""
+    """Seconds from the moment a cancel was due (`delay` s into a streamed generation) until
+    the stream ended (None: it ended first). Counted from when it was due, not from when the
+    timer thread got to set it: a model pass that holds the GIL delays the setting as well,
+    and a user's stop button waits for both."""
     stamped = StampedEvent()
     timer = threading.Timer(delay, stamped.set)
+    due = time.perf_counter() + delay
     timer.start()
     for _ in client.stream(query, task="email", cancel=stamped, **params):  # type: ignore[arg-type]
         pass
     ended = time.perf_counter()
     timer.cancel()
-    return None if stamped.set_at is None else ended - stamped.set_at
+    return None if stamped.set_at is None else ended - due
 
 
 def main() -> None:

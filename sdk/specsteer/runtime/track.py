@@ -24,8 +24,11 @@ from specsteer.errors import GenerationCancelled
 from specsteer.runtime.base import LanguageModel, Session
 
 PREFILL_CHUNK = 128  # tokens per prefill pass (unpaced), and the most a paced pass runs
-PACED_CHUNK_S = 0.1  # seconds a paced pass aims at: half the 200 ms a cancel may take
-PACED_FIRST = 8  # tokens of a paced pass before any rate is known (the fewest it runs)
+PACED_CHUNK_S = 0.15  # seconds a paced pass aims at: a cancel may take 200 ms
+# tokens of a paced pass before any rate is known, and the fewest it runs: below 16 a pass
+# costs throughput fast (Qwen2.5-0.5B int8, one core: 8-token passes 0.55x the tokens/s of
+# 128-token ones, 16-token 0.93x, 32-token 1.12x; docs/BENCHMARKS.md "Latency")
+PACED_FIRST = 16
 
 
 class PrefillPace:
