@@ -63,6 +63,7 @@ def stats_table(result: Result) -> Table:
         ("retrieval", f"{s.retrieval_s * 1e3:.1f} ms"),
         ("device prefill", f"{s.prefill_s:.2f} s ({s.prefill_tokens} prompt tokens; "
                            f"{s.prefill_reused} reused from prepare/earlier)"),
+        ("companion session", "opened ahead (prepare)" if s.session_reused else "not ahead"),
         ("warm start", f"{s.warm_tokens} Generalist tokens, Draft-Verify-Recover from "
                        f"{s.switch_s:.2f} s" if s.switch_s is not None else "no"),
         ("device compute", f"{s.device_s:.2f} s"),
