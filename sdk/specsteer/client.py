@@ -302,13 +302,23 @@ class Client:
             settings = replace(settings, min_new_tokens=max(settings.min_new_tokens, low),
                                max_new_tokens=high)
         retrieval_s = time.perf_counter() - started
+        link_stats = LinkStats()
+        # the session `prepare` is opening, first: a prefill it started goes on meanwhile
+        prepared = None
+        with contextlib.suppress(GenerationCancelled):  # decode then ends at once, cancelled
+            prepared = self._sessions.take(task, cancel)
+        if prepared is not None and not settings.collaborative:
+            threading.Thread(target=prepared.close, daemon=True).start()  # not on our time
+            prepared = None
+        if prepared is not None:  # its hello and OpenSession count as this generation's
+            link_stats.add_bytes(prepared.stats)
+            prepared.stats = link_stats
         local, reused, to_prefill = None, 0, 0
         if settings.method != "slm":  # the SLM baseline reads the public prompt only
             room = len(device_prompt.private_ids) + settings.max_new_tokens + 64
             local, reused = self._kept.take(task, device_prompt.private_ids, room)
             to_prefill = local.pending
         stats = DecodeStats()
-        link_stats = LinkStats()
         tokens: list[int] = []
         provenance: list[str] = []
         text = ""
@@ -321,15 +331,6 @@ class Client:
             return link
 
         connector = connect if self.companion is not None else None
-        prepared = None
-        with contextlib.suppress(GenerationCancelled):  # decode then ends at once, cancelled
-            prepared = self._sessions.take(task, cancel)
-        if prepared is not None and not settings.collaborative:
-            prepared.close()
-            prepared = None
-        if prepared is not None:  # its hello and OpenSession count as this generation's
-            link_stats.add_bytes(prepared.stats)
-            prepared.stats = link_stats
         events = decode(self.specialist, device_prompt, settings, prepared, stats,
                         connect=connector, offline=policy, on_mode=on_mode, cancel=cancel,
                         local=local)
