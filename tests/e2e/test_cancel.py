@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+from dataclasses import dataclass, field
 
 import pytest
 from counting import CountingModel
@@ -16,6 +17,7 @@ from specsteer.history import HistoryStore
 from specsteer.link import CompanionLink
 from specsteer.protocol import Draft, Limits, decode
 from specsteer_companion.local import LocalChannel
+from specsteer_companion.server import CompanionServer
 from specsteer_companion.verifier import Verifier
 
 
@@ -207,3 +209,44 @@ def _closed(channel: LocalChannel) -> bool:
             return True
         time.sleep(0.01)
     return False
+
+
+@dataclass
+class _SlowVerifier(Verifier):
+    """The real verifier, whose verification waits for `release` (a companion still busy on
+    the round); `verifying` is set when one starts."""
+
+    verifying: threading.Event = field(default_factory=threading.Event)
+    release: threading.Event = field(default_factory=threading.Event)
+
+    def open(self, request, committed=()):
+        session = super().open(request, committed)
+        verify = session.verify
+
+        def slow(*args, **kwargs):
+            self.verifying.set()
+            self.release.wait(30)
+            return verify(*args, **kwargs)
+
+        session.verify = slow
+        return session
+
+
+def test_cancel_over_a_socket_does_not_wait_for_the_verdict(tiny_model, tiny_generalist, store):
+    verifier = _SlowVerifier(tiny_generalist, tiny_model)
+    server = CompanionServer(verifier)
+    cancel = threading.Event()
+    threading.Thread(target=lambda: verifier.verifying.wait(30) and cancel.set(),
+                     daemon=True).start()
+    with server.running() as url:
+        # waiting for the verdict would end in a timeout after 3 s: degraded, not cancelled
+        client = Client(tiny_model, history=store, companion=url, timeout_s=3.0)
+        result = client.generate("Budget", max_new_tokens=40, cancel=cancel, warm_start=False,
+                                 pipeline=False)
+        assert not verifier.release.is_set()  # it returned while the companion was verifying
+        verifier.release.set()
+        assert result.stats.cancelled and not result.stats.degraded and result.tokens == []
+        deadline = time.monotonic() + 10  # the companion ends the connection and its session
+        while server.open_connections() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert server.open_connections() == 0

@@ -10,6 +10,7 @@ from specsteer.client import Client
 from specsteer.history import HistoryStore
 from specsteer.protocol import Limits, Mode, OpenSession, decode
 from specsteer_companion.local import LocalChannel
+from specsteer_companion.server import CompanionServer
 from specsteer_companion.verifier import Verifier
 
 REQUEST = "Budget for the next quarter"
@@ -139,3 +140,22 @@ def test_preparing_again_closes_the_earlier_session(tiny_model, tiny_generalist,
     result = client.generate(CHANGED, max_new_tokens=10)
     assert result.stats.session_reused and len(channels.made) == 2
     assert _closed(channels.made[1])
+
+
+def test_a_prepared_session_over_a_socket(tiny_model, tiny_generalist, store):
+    verifier = Verifier(tiny_generalist, tiny_model)
+    cold = _cold(tiny_model, tiny_generalist, store, REQUEST)
+    server = CompanionServer(verifier)
+    with server.running() as url:
+        client = Client(tiny_model, history=store, companion=url)
+        assert client.prepare(REQUEST).wait(timeout=60)
+        assert server.open_connections() == 1  # opened while the user typed
+        result = client.generate(REQUEST, max_new_tokens=30)
+        assert result.tokens == cold.tokens and result.stats.session_reused
+        assert server.connections == 1  # the generation used that connection, no other
+        assert client.prepare(CHANGED).wait(timeout=60)
+        client.close()  # a prepared session never used is closed
+        deadline = time.monotonic() + 10
+        while server.open_connections() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert server.open_connections() == 0 and server.connections == 2
