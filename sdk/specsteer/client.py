@@ -290,8 +290,10 @@ class Client:
         drops, reconnecting with backoff), "fail" (raise CompanionUnavailable) or
         "wait(SECONDS)". `on_mode` is told of every switch between collaborative and local.
 
-        cancel: set it (from any thread) to stop the generation at the next token or prefill
-        chunk; the stream ends, the companion session is closed and `stats.cancelled` is set.
+        cancel: set it (from any thread) to stop the generation: at the next drafted token or
+        prefill pass (~0.15 s each), or within 50 ms of a wait for the companion (a verdict is
+        not waited for); the stream ends, the companion session is closed (off the caller's
+        time) and `stats.cancelled` is set.
         """
         policy = OfflinePolicy.parse(offline)
         settings = _settings(preset, settings, params)
