@@ -27,6 +27,7 @@ from specsteer.device import (
     TokenEvent,
     decode,
 )
+from specsteer.device.rounds import first_draft, first_draft_key
 from specsteer.errors import CompanionConfigError, CompanionUnavailable, GenerationCancelled
 from specsteer.history import HistoryStore, Prompt, build_prompt, retrieve
 from specsteer.link import CompanionLink, FrameChannel, FrameTap, LinkStats
@@ -79,6 +80,7 @@ class GenerationStats:
     warm_tokens: int = 0  # Generalist tokens written during a warm start, before the switch
     switch_s: float | None = None  # when Draft-Verify-Recover took over (None: no warm start)
     session_reused: bool = False  # the companion session `prepare` opened was used as it was
+    drafted_ahead: int = 0  # tokens of the first round's draft `prepare` made after the prefill
     cancelled: bool = False  # stopped by the caller's cancel event
     records: tuple[str, ...] = ()
     truncated: tuple[str, ...] = ()
@@ -204,7 +206,8 @@ class Client:
 
     def prepare(self, query: Mapping[str, Any] | str, *, task: str = "email",
                 before: str | None = None, preset: str | None = None,
-                settings: Params | None = None, **params: Any) -> Prepared:
+                settings: Params | None = None, user_length: bool = True,
+                **params: Any) -> Prepared:
         """Retrieve and prefill a request ahead of time (while the user is still typing).
 
         Returns at once; the Specialist prefills the private prompt on a background thread
@@ -215,14 +218,20 @@ class Client:
         chunk it reached. Calling it again as the request changes is cheap: the shared
         prefix is kept.
 
-        With a companion and a collaborative method (`preset`/`settings`/`params` as for
-        `stream`: the session's settings), the companion session over the public prompt is
-        opened too, so the first round needs no hello and no companion prefill. A generation
-        whose public prompt or settings differ replaces that session on the same connection.
+        With a companion and a collaborative method (`preset`/`settings`/`params`/
+        `user_length` as for `stream`), the companion session over the public prompt is opened
+        too, so the first round needs no hello and no companion prefill; and (greedy drafting
+        methods) the first round's draft is made after the prefill. A generation whose public
+        prompt or settings differ replaces that session on the same connection; one whose
+        private prompt or draft settings differ drafts again.
         """
         prompt, device_prompt = self.render(query, task=task, before=before)
-        worker = self._kept.prepare(task, device_prompt.private_ids)
-        options = _settings(preset, settings, params)
+        options = _fit_length(_settings(preset, settings, params), prompt, user_length)
+        key = first_draft_key(options) if self.companion is not None else None
+        eos = self.specialist.tokenizer.eos_ids
+        then = None if key is None else \
+            (lambda track, stop: first_draft(track, options, eos, stop))  # noqa: E731
+        worker = self._kept.prepare(task, device_prompt.private_ids, then, key)
         session = None
         if self.companion is not None and options.collaborative:
             session = self._sessions.prepare(
@@ -299,10 +308,7 @@ class Client:
         settings = _settings(preset, settings, params)
         started = time.perf_counter()
         prompt, device_prompt = self.render(query, task=task, before=before)
-        if user_length and prompt.length is not None:
-            low, high = prompt.length.clamp(settings.max_new_tokens)
-            settings = replace(settings, min_new_tokens=max(settings.min_new_tokens, low),
-                               max_new_tokens=high)
+        settings = _fit_length(settings, prompt, user_length)
         retrieval_s = time.perf_counter() - started
         link_stats = LinkStats()
         # the session `prepare` is opening, first: a prefill it started goes on meanwhile
@@ -315,10 +321,11 @@ class Client:
         if prepared is not None:  # its hello and OpenSession count as this generation's
             link_stats.add_bytes(prepared.stats)
             prepared.stats = link_stats
-        local, reused, to_prefill = None, 0, 0
+        local, reused, to_prefill, ahead = None, 0, 0, None
         if settings.method != "slm":  # the SLM baseline reads the public prompt only
             room = len(device_prompt.private_ids) + settings.max_new_tokens + 64
-            local, reused = self._kept.take(task, device_prompt.private_ids, room)
+            key = first_draft_key(settings) if self.companion is not None else None
+            local, reused, ahead = self._kept.take(task, device_prompt.private_ids, room, key)
             to_prefill = local.pending
         stats = DecodeStats()
         tokens: list[int] = []
@@ -335,7 +342,7 @@ class Client:
         connector = connect if self.companion is not None else None
         events = decode(self.specialist, device_prompt, settings, prepared, stats,
                         connect=connector, offline=policy, on_mode=on_mode, cancel=cancel,
-                        local=local)
+                        local=local, ahead=ahead)
 
         def pieces() -> Iterator[tuple[str, TokenEvent]]:
             """New text and the token that completed it; unfinished characters wait for the rest."""
@@ -385,7 +392,7 @@ class Client:
                     pipelined=stats.pipelined, cancelled=stats.cancelled,
                     prefill_reused=reused, prefill_tokens=to_prefill,
                     warm_tokens=stats.warm_tokens, switch_s=stats.switch_s,
-                    session_reused=stats.session_reused,
+                    session_reused=stats.session_reused, drafted_ahead=stats.drafted_ahead,
                     records=prompt.records, truncated=prompt.truncated,
                     leak_flagged=stats.leak_flagged, leak_redacted=stats.leak_redacted,
                     leak_held=stats.leak_held,
@@ -417,6 +424,15 @@ def _check_token_transport(url: str, allow_insecure: bool) -> None:
         )
     log.warning("sending the device token over unencrypted ws:// to %s (allow_insecure=True)",
                 host)
+
+
+def _fit_length(settings: Params, prompt: Prompt, user_length: bool) -> Params:
+    """With `user_length`, the user's usual length for the task within the request's budget."""
+    if not user_length or prompt.length is None:
+        return settings
+    low, high = prompt.length.clamp(settings.max_new_tokens)
+    return replace(settings, min_new_tokens=max(settings.min_new_tokens, low),
+                   max_new_tokens=high)
 
 
 def _settings(preset: str | None, settings: Params | None, params: Mapping[str, Any]) -> Params:

@@ -17,6 +17,7 @@ import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from specsteer.device.drafting import Drafted
 from specsteer.device.rounds import session_settings
 from specsteer.errors import GenerationCancelled
 from specsteer.link import CANCEL_POLL_S, CompanionLink
@@ -25,6 +26,8 @@ from specsteer.runtime.track import Track, model_pace
 from specsteer.settings import Params
 
 PREPARED_ROOM = 1024  # tokens a prepared session leaves after its prompt (generation + margin)
+# drafts the first round on a prefilled track; the callable says when to stop early
+DraftAhead = Callable[[Track, Callable[[], bool]], Drafted]
 
 
 @dataclass
@@ -33,6 +36,14 @@ class _Kept:
     ids: list[int]  # the prompt this track holds or is prefilling
     stop: threading.Event = field(default_factory=threading.Event)
     worker: threading.Thread | None = None
+    # the first round's draft, made after the prefill, and the key of what it depends on
+    ahead: tuple[object, Drafted] | None = None
+
+    def drop_ahead(self) -> None:
+        """Forget the draft made ahead: the session holds the prompt again, with its row."""
+        if self.ahead is not None:
+            drafted, self.ahead = self.ahead[1], None
+            self.track.keep(drafted.base, drafted.rows[0])
 
     def held(self) -> list[int]:
         """The ids known to be in the session: a prefilled (or partly prefilled) prompt."""
@@ -55,8 +66,11 @@ class KeptTracks:
         self._kept: dict[str, _Kept] = {}
         self._lock = threading.Lock()
 
-    def prepare(self, task: str, ids: Sequence[int]) -> threading.Thread:
-        """Start prefilling `ids` for `task` in the background; returns the prefill thread."""
+    def prepare(self, task: str, ids: Sequence[int], then: DraftAhead | None = None,
+                key: object = None) -> threading.Thread:
+        """Start prefilling `ids` for `task` in the background; returns the prefill thread.
+        `then`: after the prefill, draft the first round too (`rounds.first_draft`); `key`
+        says what that draft depends on besides the prompt (`rounds.first_draft_key`)."""
         kept = self._checkout(task, ids, len(ids) + PREPARED_ROOM)
         kept.ids = list(ids)
 
@@ -64,6 +78,8 @@ class KeptTracks:
             # cancelled: a generation took the track and resumes the prefill itself
             with contextlib.suppress(GenerationCancelled):
                 kept.track.prefill(kept.stop)
+                if then is not None and not kept.stop.is_set():
+                    kept.ahead = (key, then(kept.track, kept.stop.is_set))
 
         kept.worker = threading.Thread(target=run, name="specsteer-prepare", daemon=True)
         with self._lock:
@@ -75,11 +91,21 @@ class KeptTracks:
         kept.worker.start()
         return kept.worker
 
-    def take(self, task: str, ids: Sequence[int], room: int) -> tuple[Track, int]:
-        """A track holding (or pending) `ids` with room for `room` tokens, and how many of
-        them it kept from an earlier prefill; the caller gives it back or closes it."""
-        track = self._checkout(task, ids, room).track
-        return track, track.session.length
+    def take(self, task: str, ids: Sequence[int], room: int, key: object = None
+             ) -> tuple[Track, int, Drafted | None]:
+        """A track holding (or pending) `ids` with room for `room` tokens, how many of them
+        it kept from an earlier prefill, and the first round's draft made ahead when it was
+        made for exactly `ids` and `key` (the track then holds its tokens after the prompt);
+        the caller gives the track back or closes it."""
+        with self._lock:
+            kept = self._kept.pop(task, None)
+        if kept is not None:
+            kept.halt()
+            if (kept.ahead is not None and key is not None and kept.ahead[0] == key
+                    and kept.ids == list(ids) and kept.track.max_length >= room):
+                return kept.track, len(ids), kept.ahead[1]
+        track = self._reuse(kept, ids, room).track
+        return track, min(track.session.length, len(ids)), None
 
     def give_back(self, task: str, track: Track, ids: Sequence[int]) -> None:
         """Keep `track`, whose session starts with `ids` (as far as it was prefilled)."""
@@ -103,13 +129,18 @@ class KeptTracks:
             kept = self._kept.pop(task, None)
         if kept is not None:
             kept.halt()
+        return self._reuse(kept, ids, room)
+
+    def _reuse(self, kept: _Kept | None, ids: Sequence[int], room: int) -> _Kept:
+        """`kept` (halted) retargeted to `ids` when it has room, else a new track."""
+        if kept is not None:
+            kept.drop_ahead()
             if kept.track.max_length >= room and ids:
                 kept.track.retarget(kept.held(), ids)
                 return _Kept(kept.track, list(ids))
             kept.track.close()
         return _Kept(Track(self.model, ids, room, lazy=True, pace=model_pace(self.model)),
                       list(ids))
-
 
 Connect = Callable[[threading.Event], CompanionLink]  # a new link whose waits end on the event
 

@@ -7,8 +7,12 @@ import time
 import pytest
 
 from specsteer.client import Client
+from specsteer.device import Params
+from specsteer.device.rounds import first_draft
+from specsteer.errors import CompanionUnavailable
 from specsteer.history import HistoryStore
 from specsteer.protocol import Limits, Mode, OpenSession, decode
+from specsteer.runtime.track import Track
 from specsteer_companion.local import LocalChannel
 from specsteer_companion.server import CompanionServer
 from specsteer_companion.verifier import Verifier
@@ -159,3 +163,51 @@ def test_a_prepared_session_over_a_socket(tiny_model, tiny_generalist, store):
         while server.open_connections() and time.monotonic() < deadline:
             time.sleep(0.02)
         assert server.open_connections() == 0 and server.connections == 2
+
+
+@pytest.mark.parametrize("method", ["specsteer", "speculative"])
+def test_the_first_draft_is_made_ahead_and_used(tiny_model, tiny_generalist, store, method):
+    cold = _cold(tiny_model, tiny_generalist, store, REQUEST, method=method, k=3)
+    client = _client(tiny_model, _Channels(Verifier(tiny_generalist, tiny_model)), store)
+    assert client.prepare(REQUEST, method=method, k=3).wait(timeout=60)
+    result = client.generate(REQUEST, max_new_tokens=30, method=method, k=3)
+    assert (result.tokens, result.provenance) == (cold.tokens, cold.provenance)
+    assert result.stats.drafted_ahead == 3 and cold.stats.drafted_ahead == 0
+    assert result.stats.prefill_reused == len(client.render(REQUEST)[1].private_ids)
+
+
+@pytest.mark.parametrize("change", [dict(k=2), dict(min_new_tokens=8), dict(temperature=0.7)])
+def test_other_draft_settings_draft_again(tiny_model, tiny_generalist, store, change):
+    options = dict(seed=5, **change)
+    cold = _cold(tiny_model, tiny_generalist, store, REQUEST, **options)
+    client = _client(tiny_model, _Channels(Verifier(tiny_generalist, tiny_model)), store)
+    assert client.prepare(REQUEST, k=3).wait(timeout=60)
+    result = client.generate(REQUEST, max_new_tokens=30, **options)
+    assert result.tokens == cold.tokens and result.stats.drafted_ahead == 0
+
+
+def test_a_draft_made_ahead_is_dropped_when_the_companion_is_gone(
+    tiny_model, tiny_generalist, store
+):
+    def gone() -> LocalChannel:
+        raise CompanionUnavailable("no companion here")
+
+    cold = Client(tiny_model, history=store, companion=gone).generate(REQUEST, max_new_tokens=30)
+    client = Client(tiny_model, history=store, companion=gone)
+    assert client.prepare(REQUEST).wait(timeout=60)
+    assert client._kept._kept["email"].ahead is not None  # drafted after the prefill
+    result = client.generate(REQUEST, max_new_tokens=30)
+    assert result.stats.degraded and result.stats.drafted_ahead == 0
+    # the local Specialist starts right after the prompt, not after the dropped draft
+    assert result.tokens == cold.tokens
+
+
+def test_the_draft_made_ahead_keeps_the_rounds_bans(tiny_model):
+    """What `SteeredRounds` bans in its first draft, `first_draft` bans too: here end-of-text
+    (the model's own first pick, declared end-of-text) before the minimum length."""
+    prompt = tiny_model.tokenizer.encode("Dear team, the budget stays as it is. " * 6)
+    free = first_draft(Track(tiny_model, prompt, 600), Params(k=4), frozenset())
+    eos = frozenset({free.tokens[0]})
+    early = first_draft(Track(tiny_model, prompt, 600), Params(k=4, min_new_tokens=2), eos)
+    late = first_draft(Track(tiny_model, prompt, 600), Params(k=4, min_new_tokens=0), eos)
+    assert early.tokens[0] != free.tokens[0] and late.tokens == free.tokens[:1]

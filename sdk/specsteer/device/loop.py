@@ -17,7 +17,7 @@ from dataclasses import replace
 import numpy as np
 
 from specsteer import steer
-from specsteer.device.drafting import choose
+from specsteer.device.drafting import Drafted, choose
 from specsteer.device.events import DecodeStats, DevicePrompt, TokenEvent
 from specsteer.device.leak_guard import LeakGuard, LeakHeld
 from specsteer.device.offline import LINK_ERRORS, ModeChange, OfflinePolicy, Reconnector
@@ -46,6 +46,7 @@ def decode(
     local: Track | None = None,
     switch_after: int | None = None,
     guard: LeakGuard | None = None,
+    ahead: Drafted | None = None,
 ) -> Iterator[TokenEvent]:
     """Yield generated tokens for `prompt` with `params.method`; stops at end-of-text.
 
@@ -71,10 +72,12 @@ def decode(
 
     `guard` checks what leaves (`params.leak_guard`); by default it is built from the prompt's
     two views. Pass one built over more private text (e.g. the whole history) to guard that too.
+    `ahead`: the first round's draft, made ahead by `Client.prepare` (`rounds.first_draft` for
+    these params); `local` then holds the prompt plus its tokens.
     """
     generation = _Generation(
         specialist, prompt, params, stats, connect, offline, on_mode, cancel, local, switch_after,
-        guard,
+        guard, ahead,
     )
     yield from generation.run(link)
 
@@ -95,7 +98,9 @@ class _Generation:
         local: Track | None = None,
         switch_after: int | None = None,
         guard: LeakGuard | None = None,
+        ahead: Drafted | None = None,
     ) -> None:
+        self.ahead = ahead
         self.specialist, self.prompt, self.params = specialist, prompt, params
         self.cancel = cancel if cancel is not None else threading.Event()
         self.stats = stats if stats is not None else DecodeStats()
@@ -160,6 +165,7 @@ class _Generation:
                 self._collaborate(link, warm=warm)
             except LINK_ERRORS as exc:
                 self._end_warm_start()
+                self._drop_ahead()
                 self._lost(exc)
         while len(self.out) < params.max_new_tokens:
             if self.cancel.is_set():
@@ -223,10 +229,19 @@ class _Generation:
             max_new_tokens=self.params.max_new_tokens - done,
             min_new_tokens=max(0, self.params.min_new_tokens - done),
         )
+        if warm or done:  # the draft made ahead starts right after the prompt
+            self._drop_ahead()
+        ahead, self.ahead = self.ahead, None
         self.remote = collaborate(
             self.specialist, self.local, list(self.prompt.public_ids), list(self.out), left, link,
-            self.stats, self.rng, self.guard, self.next_round,
+            self.stats, self.rng, self.guard, self.next_round, ahead,
         )
+
+    def _drop_ahead(self) -> None:
+        """The draft made ahead will not be used: the track holds the prompt alone again."""
+        if self.ahead is not None:
+            self.ahead = None
+            self.local.resync(self.prompt_ids)
 
     def _resync(self, exc: Exception) -> bool:
         """The link dropped: rebuild the session on a fresh connection now, before any local

@@ -39,6 +39,31 @@ def s0_placed_on_device(params: Params, hello_ok: HelloOk | None) -> bool:
     return hello_ok is not None and not hello_ok.specialist_sha256
 
 
+def bans(params: Params, eos: frozenset[int], position: int, context: list[int]
+         ) -> frozenset[int]:
+    """Ids the token at output `position` may not be, after the output `context`:
+    end-of-text before the minimum length, and a repeat of an output n-gram."""
+    early = eos if position < params.min_new_tokens else frozenset()
+    return early | steer.repeated_ngram_bans(context, params.no_repeat_ngram)
+
+
+def first_draft_key(params: Params) -> tuple[int, int, int] | None:
+    """What the first round's draft depends on besides the private prompt (None: it cannot
+    be made ahead: sampling, or a method that does not draft)."""
+    if params.temperature > 0 or params.method not in MODES:
+        return None
+    size = budget(params, params.k, 0)  # end-of-text is banned at the positions below:
+    return size, min(params.min_new_tokens, size), params.no_repeat_ngram
+
+
+def first_draft(local: Track, params: Params, eos: frozenset[int],
+                stop: Callable[[], bool] | None = None) -> Drafted:
+    """The first round's draft, made ahead of the request (`Client.prepare`): exactly what
+    `SteeredRounds` drafts first (greedy); `stop` may cut it short, the round finishes it."""
+    return draft(local, budget(params, params.k, 0), 0.0, None, eos, stop=stop,
+                 banned=lambda drafted: bans(params, eos, len(drafted), list(drafted)))
+
+
 def session_settings(params: Params, link: CompanionLink) -> SessionSettings:
     """The settings a session for `params` is opened with over `link` (after its hello)."""
     mode = MODES.get(params.method, Mode.ROWS)
@@ -57,6 +82,7 @@ def collaborate(
     rng: np.random.Generator | None,
     guard: LeakGuard | None = None,
     round_: int = 0,
+    ahead: Drafted | None = None,
 ) -> Iterator[tuple[int, str]]:
     """Open a session over the public prompt and yield (token, provenance) from its rounds.
 
@@ -67,7 +93,8 @@ def collaborate(
     checks every draft before it leaves, after the output `committed` so far (raising
     `LeakHeld` under "hold"); the per-token baselines are not guarded. A session `link`
     already holds unused over this prompt and settings (`Client.prepare`) is used as it is;
-    any other one is replaced.
+    any other one is replaced. `ahead`: the first round's draft, made ahead (`first_draft`:
+    `local` holds the prompt plus its tokens).
     """
     settings = session_settings(params, link)
     mode, s0_here = settings.mode, settings.s0_on_device
@@ -81,10 +108,12 @@ def collaborate(
     if mode is Mode.ROWS:
         yield from row_tokens(local, params, link, stats, rng, specialist.tokenizer.eos_ids)
         return
+    stats.drafted_ahead = len(ahead.tokens) if ahead is not None else 0
     s0 = Track(specialist, public_ids, len(public_ids) + params.max_new_tokens + 64, lazy=True) \
         if s0_here else None
     yield from SteeredRounds(
-        specialist, local, s0, params, link, stats, rng, mode, guard=guard, written=committed
+        specialist, local, s0, params, link, stats, rng, mode, guard=guard, written=committed,
+        ahead=ahead,
     ).tokens()
 
 
@@ -109,6 +138,7 @@ class SteeredRounds:
         *,
         guard: LeakGuard | None = None,
         written: list[int] | None = None,
+        ahead: Drafted | None = None,
     ) -> None:
         self.local, self.s0, self.params, self.link = local, s0, params, link
         self.stats, self.rng, self.mode = stats, rng, mode
@@ -119,7 +149,8 @@ class SteeredRounds:
         self.k = params.k
         self.committed: list[int] = []  # ids the companion has not seen yet
         self.produced = 0
-        self.ahead: Drafted | None = None  # the bet: next round's draft, made during the wait
+        # the bet: next round's draft, made during the wait (or the first one, made ahead)
+        self.ahead: Drafted | None = ahead
         self.ahead_s0: np.ndarray | None = None  # P_S0 rows of [guess, *ahead], same bet
         self.guard = guard
         # the output the companion holds once `committed` is sent (the guard's context; the
@@ -284,10 +315,7 @@ class SteeredRounds:
         return guess
 
     def _bans(self, position: int, context: list[int]) -> frozenset[int]:
-        """Ids the token at session `position` may not be, after the output `context`:
-        end-of-text before the minimum length, and a repeat of an output n-gram."""
-        eos = self.eos if position < self.params.min_new_tokens else frozenset()
-        return eos | steer.repeated_ngram_bans(context, self.params.no_repeat_ngram)
+        return bans(self.params, self.eos, position, context)
 
     def _bans_after(
         self, position: int, context: list[int]
