@@ -28,7 +28,7 @@ from specsteer.runtime import load_model
 from specsteer.runtime.track import PACED_CHUNK_S, PrefillPace, Track
 from specsteer_lab.eval.data import shared_file
 
-CHUNKS = (8, 16, 32, 64, 128)
+CHUNKS = (8, 12, 16, 24, 32, 64, 128)
 
 
 class TimedSession:
