@@ -5,7 +5,9 @@ from __future__ import annotations
 import threading
 
 import pytest
+from counting import CountingModel
 
+from specsteer import protocol
 from specsteer.client import Client
 from specsteer.device import DecodeStats, DevicePrompt, Params, decode
 from specsteer.errors import CompanionUnavailable
@@ -141,3 +143,34 @@ def test_the_estimate_scales_with_the_weights_and_threads():
     assert estimated_prefill_s(one, 100) == pytest.approx(2 * estimated_prefill_s(two, 100))
     assert estimated_prefill_s(one, 200) == pytest.approx(2 * estimated_prefill_s(one, 100))
     assert estimated_prefill_s(one, 1000) < Params().warm_start_min_s  # tiny: never by default
+
+
+def test_the_prefill_waits_for_the_first_generalist_token(tiny_model, tiny_generalist, prompt):
+    """A model pass holds the GIL: the prefill must not slow the hello, the session and the
+    first row down. Nothing of the private prompt runs before the first row is in."""
+    counted = CountingModel(tiny_model)
+    inner = LocalChannel.for_verifier(Verifier(tiny_generalist, tiny_model))
+    seen: list[tuple[str, int]] = []  # (frame received, device tokens run before it)
+
+    class Watched:
+        def send(self, frame: bytes) -> None:
+            inner.send(frame)
+
+        def recv(self, timeout: float) -> bytes:
+            frame = inner.recv(timeout)
+            seen.append((type(protocol.decode(frame, protocol.Limits())).__name__,
+                         counted.appended))
+            return frame
+
+        def close(self) -> None:
+            inner.close()
+
+    link = CompanionLink(Watched())
+    link.hello()
+    stats = DecodeStats()
+    events = list(decode(counted, prompt, Params(max_new_tokens=MAX_NEW, warm_start_min_s=0.0),
+                         link, stats))
+    first_row = next(i for i, (name, _) in enumerate(seen) if name == "RowReply")
+    assert all(ran == 0 for _, ran in seen[: first_row + 1])
+    assert stats.warm_tokens >= 1 and len(events) == MAX_NEW
+    assert counted.appended >= len(prompt.private_ids)  # and then it ran

@@ -188,6 +188,8 @@ class _Generation:
                         self._lost(exc)
                     continue
                 self.may_resync = True
+                if self.warming is not None:  # the first Generalist token is in
+                    self.warming.start()
                 if self.resyncing:
                     self.resyncing = False
                     stats.resyncs += 1
