@@ -136,7 +136,8 @@ class _Generation:
         except GenerationCancelled:
             self.stats.cancelled = True
         finally:
-            if self.warming is not None:
+            if self.warming is not None:  # it ended before the switch: every token so far
+                self.stats.warm_tokens = len(self.out)
                 self.warming.abandon()
             # cancelled: the caller gets control back now; a companion busy on a round (or a
             # websocket's close handshake) takes the links' closing off its wait
