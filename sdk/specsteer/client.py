@@ -300,7 +300,7 @@ class Client:
         "wait(SECONDS)". `on_mode` is told of every switch between collaborative and local.
 
         cancel: set it (from any thread) to stop the generation: at the next drafted token or
-        prefill pass (~0.15 s each), or within 50 ms of a wait for the companion (a verdict is
+        prefill pass (~0.1 s each), or within 50 ms of a wait for the companion (a verdict is
         not waited for); the stream ends, the companion session is closed (off the caller's
         time) and `stats.cancelled` is set.
         """

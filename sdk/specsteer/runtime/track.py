@@ -24,11 +24,12 @@ from specsteer.errors import GenerationCancelled
 from specsteer.runtime.base import LanguageModel, Session
 
 PREFILL_CHUNK = 128  # tokens per prefill pass (unpaced), and the most a paced pass runs
-PACED_CHUNK_S = 0.15  # seconds a paced pass aims at: a cancel may take 200 ms
-# tokens of a paced pass before any rate is known, and the fewest it runs: below 16 a pass
-# costs throughput fast (Qwen2.5-0.5B int8, one core: 8-token passes 0.55x the tokens/s of
-# 128-token ones, 16-token 0.93x, 32-token 1.12x; docs/BENCHMARKS.md "Latency")
-PACED_FIRST = 16
+PACED_CHUNK_S = 0.1  # seconds a paced pass aims at: a cancel may take 200 ms in all
+# tokens of a paced pass before any rate is known, and the fewest it runs: small passes cost
+# throughput fast (Qwen2.5-0.5B int8, one core: 8-token passes 0.55-0.73x the tokens/s of
+# 128-token ones, 16-token 0.90-0.93x; docs/BENCHMARKS.md "Latency"); 16-token passes took
+# up to 0.24 s on the shared benchmark machine, over the bound with the rest of a cancel
+PACED_FIRST = 12
 
 
 class PrefillPace:
