@@ -217,7 +217,8 @@ def main() -> None:
                 rows.append(dict(user=user, rtt=rtt, config="SpecSteer prepared", ttft=ttft,
                                  total=total, tokens=res.stats.tokens, warm=res.stats.warm_tokens,
                                  switch=res.stats.switch_s, acc=res.stats.acceptance_rate,
-                                 session_reused=res.stats.session_reused))
+                                 session_reused=res.stats.session_reused,
+                                 drafted_ahead=res.stats.drafted_ahead))
                 stops = []
                 for delay in (0.15, 0.4, 0.65):  # cancels during the first rounds
                     prepared.prepare(shared.query, task="email", **common).wait()
@@ -236,7 +237,8 @@ def main() -> None:
                         f"{args.preset}, {args.max_new_tokens} new tokens, device threads "
                         f"{args.threads}")
     for col in ("user", "RTT ms", "configuration", "TTFT s", "TTFT x G", "total s",
-                "tokens", "speed x G", "warm tokens", "switch s", "session reused"):
+                "tokens", "speed x G", "warm tokens", "switch s", "session reused",
+                "drafted ahead"):
         table.add_column(col)
     base = {(r["user"], r["rtt"]): r for r in rows if r["config"] == "Generalist alone"}
     for r in rows:
@@ -246,7 +248,8 @@ def main() -> None:
                       f"{r['ttft']:.2f}", f"{r['ttft'] / g['ttft']:.2f}" if g else "",
                       f"{r['total']:.1f}", str(r["tokens"]), f"{speed:.2f}", str(r["warm"]),
                       "" if r["switch"] is None else f"{r['switch']:.1f}",
-                      "yes" if r.get("session_reused") else "")
+                      "yes" if r.get("session_reused") else "",
+                      str(r.get("drafted_ahead") or ""))
     console.print(table)
     console.print(json.dumps(extra, indent=1))
     if len(rows) > 1:
