@@ -26,7 +26,7 @@ from specsteer.device.warm import BackgroundPrefill, estimated_prefill_s
 from specsteer.errors import CompanionTimedOut, CompanionUnavailable, GenerationCancelled
 from specsteer.link import CompanionLink
 from specsteer.runtime.base import LanguageModel
-from specsteer.runtime.track import Track, model_pace
+from specsteer.runtime.track import Track
 from specsteer.settings import Params
 
 CLOSE_GRACE_S = 0.05  # a cancelled generation waits this long at most for its links to close
@@ -59,7 +59,11 @@ def decode(
     `cancel`: once set (from any thread), the generation ends at the next token or prefill
     chunk boundary with `stats.cancelled` set; its companion session is closed as usual.
     `local`: the Specialist's track over the private prompt, prefilled or pending, when the
-    caller keeps one between generations (`specsteer.prepared`); it is not closed here.
+    caller keeps one between generations (`specsteer.prepared`: the Client's, paced so that a
+    cancel lands within ~0.1 s); it is not closed here. Without one, the prefill runs in fixed
+    128-token passes: pass boundaries change logits by float rounding, which can flip a
+    near-tie, and a timed pace would make the text depend on the machine's load (the eval
+    harness, benches and pinned outputs decode here).
 
     Warm start (`params.warm_start`, SpecSteer and speculative decoding, a companion reachable
     and the prefill left estimated at `params.warm_start_min_s` or more): the
@@ -123,7 +127,7 @@ class _Generation:
         self.warming: BackgroundPrefill | None = None
         self.owns_local = local is None
         self.local = local if local is not None else \
-            Track(specialist, self.prompt_ids, room, lazy=True, pace=model_pace(specialist))
+            Track(specialist, self.prompt_ids, room, lazy=True)
         self.guard = guard if guard is not None or not params.collaborative else LeakGuard(
             specialist.tokenizer, prompt.private_ids, prompt.public_ids,
             policy=params.leak_guard, n=params.leak_guard_n,

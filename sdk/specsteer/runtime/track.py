@@ -7,8 +7,10 @@ session rewinds and the row of the new last position is put back from the rows a
 computed, so no model pass is spent on it. The prompt is prefilled in chunks with a
 cancellation check between chunks; what a cancelled prefill already ran stays in the session
 and the rest stays pending, so a later `prefill` resumes it. A cancel waits for the chunk in
-flight, so the device paces its chunks (`PrefillPace`): each lasts about `PACED_CHUNK_S`
-whatever the CPU, instead of a fixed token count that takes seconds on a slow core.
+flight, so the Client's device prefill paces its chunks (`PrefillPace`): each lasts about
+`PACED_CHUNK_S` whatever the CPU, instead of a fixed token count that takes seconds on a slow
+core. The price: chunk boundaries change logits by float rounding, so where a pace puts them
+(timing) can flip a near-tie in the text; fixed chunks stay the default for that reason.
 """
 
 from __future__ import annotations
