@@ -63,7 +63,7 @@ def decode(
     cancel lands within ~0.1 s); it is not closed here. Without one, the prefill runs in fixed
     128-token passes: pass boundaries change logits by float rounding, which can flip a
     near-tie, and a timed pace would make the text depend on the machine's load (the eval
-    harness, benches and pinned outputs decode here).
+    harness and the pinned outputs decode here).
 
     Warm start (`params.warm_start`, SpecSteer and speculative decoding, a companion reachable
     and the prefill left estimated at `params.warm_start_min_s` or more): the
