@@ -152,24 +152,31 @@ class OpeningSession:
     while the user is still typing; `take` hands the link to the generation, which uses the
     session as it is when its public prompt and settings match (`CompanionLink.holds`) and
     replaces it on the same connection otherwise. Only the public prompt goes up, as in any
-    generation. Nothing is left open: a session not taken is closed.
+    generation. Nothing is left open: a session not taken is closed. `link`: an open link to
+    use instead of a new connection (an earlier prepare's; its session is replaced, or kept
+    when it already holds this one).
     """
 
-    def __init__(self, connect: Connect, public_ids: Sequence[int], params: Params) -> None:
+    def __init__(self, connect: Connect, public_ids: Sequence[int], params: Params,
+                 link: CompanionLink | None = None) -> None:
         self.stop = threading.Event()
         self._lock = threading.Lock()
         self._link: CompanionLink | None = None
         self._taken = False
         self._thread = threading.Thread(target=self._open, args=(connect, list(public_ids),
-                                                                 params),
+                                                                 params, link),
                                         name="specsteer-open", daemon=True)
         self._thread.start()
 
-    def _open(self, connect: Connect, public_ids: list[int], params: Params) -> None:
-        link = None
+    def _open(self, connect: Connect, public_ids: list[int], params: Params,
+              link: CompanionLink | None) -> None:
         try:
-            link = connect(self.stop)
-            link.open(public_ids, session_settings(params, link))
+            if link is None:
+                link = connect(self.stop)
+            link.cancel = self.stop
+            settings = session_settings(params, link)
+            if not link.holds(public_ids, settings):
+                link.open(public_ids, settings)
         except BaseException:  # unreachable, refused, stopped: the generation connects itself
             if link is not None:
                 link.close()
@@ -183,6 +190,10 @@ class OpeningSession:
     def done(self, timeout: float | None = None) -> bool:
         self._thread.join(timeout)
         return not self._thread.is_alive()
+
+    def take_if_open(self) -> CompanionLink | None:
+        """The link if its opening is over and went well (the caller owns it), else None."""
+        return self.take() if self.done(0) else None
 
     def take(self, cancel: threading.Event | None = None) -> CompanionLink | None:
         """The link once opening is over (None if it failed); the caller owns it. Raises
@@ -213,11 +224,18 @@ class KeptSessions:
 
     def prepare(self, task: str, connect: Connect, public_ids: Sequence[int],
                 params: Params) -> OpeningSession:
-        opening = OpeningSession(connect, public_ids, params)
+        """Open a session for `public_ids`: on the connection an earlier prepare of the task
+        opened, when it is open (no new hello), else on a new one."""
         with self._lock:
-            old, self._kept[task] = self._kept.get(task), opening
-        if old is not None:
+            old = self._kept.pop(task, None)
+        link = old.take_if_open() if old is not None else None
+        if old is not None and link is None:
             old.close()
+        opening = OpeningSession(connect, public_ids, params, link)
+        with self._lock:
+            other, self._kept[task] = self._kept.get(task), opening
+        if other is not None:  # another thread prepared the task meanwhile
+            other.close()
         return opening
 
     def take(self, task: str, cancel: threading.Event | None = None) -> CompanionLink | None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 
 import pytest
@@ -135,15 +136,40 @@ def test_a_local_method_closes_the_prepared_session(tiny_model, tiny_generalist,
     assert len(channels.made) == 1 and _closed(channels.made[0])
 
 
-def test_preparing_again_closes_the_earlier_session(tiny_model, tiny_generalist, store):
+def test_preparing_again_replaces_the_session_on_the_same_connection(
+    tiny_model, tiny_generalist, store
+):
     channels = _Channels(Verifier(tiny_generalist, tiny_model))
     client = _client(tiny_model, channels, store)
     assert client.prepare(REQUEST).wait(timeout=60)
+    assert client.prepare(REQUEST).wait(timeout=60)  # the same request: nothing new goes up
     assert client.prepare(CHANGED).wait(timeout=60)
-    assert len(channels.made) == 2 and _closed(channels.made[0])
+    public = [list(client.render(q)[1].public_ids) for q in (REQUEST, CHANGED)]
+    assert len(channels.made) == 1 and [list(m.prompt_ids) for m in channels.opened()] == public
+    assert [type(m).__name__ for m in channels.up].count("Hello") == 1
     result = client.generate(CHANGED, max_new_tokens=10)
-    assert result.stats.session_reused and len(channels.made) == 2
-    assert _closed(channels.made[1])
+    assert result.stats.session_reused and len(channels.made) == 1
+    assert _closed(channels.made[0])
+
+
+def test_preparing_again_while_opening_starts_over(tiny_model, tiny_generalist, store):
+    verifier = Verifier(tiny_generalist, tiny_model)
+    release, made = threading.Event(), []
+
+    def slow() -> LocalChannel:  # the first connection takes until released
+        if not made:
+            release.wait(30)
+        made.append(LocalChannel.for_verifier(verifier))
+        return made[-1]
+
+    client = Client(tiny_model, history=store, companion=slow)
+    first = client.prepare(REQUEST)
+    second = client.prepare(CHANGED)  # the first is still connecting: given up
+    release.set()
+    assert first.wait(timeout=60) and second.wait(timeout=60)
+    result = client.generate(CHANGED, max_new_tokens=10)
+    assert result.stats.session_reused and len(made) == 2
+    assert all(_closed(c) for c in made)
 
 
 def test_a_prepared_session_over_a_socket(tiny_model, tiny_generalist, store):
