@@ -29,8 +29,8 @@ PREFILL_CHUNK = 128  # tokens per prefill pass (unpaced), and the most a paced p
 PACED_CHUNK_S = 0.1  # seconds a paced pass aims at: a cancel may take 200 ms in all
 # tokens of a paced pass before any rate is known, and the fewest it runs: small passes cost
 # throughput fast (Qwen2.5-0.5B int8, one core: 8-token passes 0.55-0.73x the tokens/s of
-# 128-token ones, 16-token 0.90-0.93x; docs/BENCHMARKS.md "Latency"); 16-token passes took
-# up to 0.24 s on the shared benchmark machine, over the bound with the rest of a cancel
+# 128-token ones, 12-token 0.78x, 16-token 0.88-0.93x; docs/BENCHMARKS.md "Latency");
+# 16-token passes took up to 0.24 s on the shared benchmark machine, over the 200 ms bound
 PACED_FIRST = 12
 
 
