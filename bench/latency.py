@@ -9,7 +9,11 @@ trip in each direction. Per user of the newsgroups email task and per round trip
   * SLM+RAG (device only; the same at every round trip, run once per user).
 Ratios are against the Generalist alone of the same user and round trip, from this run.
 Also: prefill tokens/s of the Specialist per thread count (and the implied multiply-add rate),
-and how long a cancel during the prefill takes to stop the generation.
+and how long a cancel takes to stop the generation: during the prefill (no companion), and
+during the rounds of a prepared generation (cancels at spread-out moments, per round trip).
+"After `prepare`": `Client.prepare` with the same options, waited for (the user was still
+typing), then TTFT from the final request: its private prefill and its companion session
+(hello, the companion's prefill of the public prompt) are done ahead.
 
     flock /tmp/specsteer-heavy.lock python bench/latency.py --users 2 --rtt 0 50 150
     flock /tmp/specsteer-heavy.lock python bench/latency.py --users 2 --rtt 50 --threads 2
@@ -117,9 +121,28 @@ def prefill_rate(model, ids: Sequence[int]) -> float:
 class StampedEvent(threading.Event):
     """An Event remembering when it was set."""
 
+    set_at: float | None = None
+
     def set(self) -> None:
         self.set_at = time.perf_counter()
         super().set()
+
+
+def cancel_stop_s(client: Client, query: object, delay: float, **params: object
+                  ) -> float | None:
+    """Seconds from the moment a cancel was due (`delay` s into a streamed generation) until
+    the stream ended (None: it ended first). Counted from when it was due, not from when the
+    timer thread got to set it: a model pass that holds the GIL delays the setting as well,
+    and a user's stop button waits for both."""
+    stamped = StampedEvent()
+    timer = threading.Timer(delay, stamped.set)
+    due = time.perf_counter() + delay
+    timer.start()
+    for _ in client.stream(query, task="email", cancel=stamped, **params):  # type: ignore[arg-type]
+        pass
+    ended = time.perf_counter()
+    timer.cancel()
+    return None if stamped.set_at is None else ended - due
 
 
 def main() -> None:
@@ -168,17 +191,9 @@ def main() -> None:
             console.print(f"user {user}: private {len(prompt.private_ids)} tokens, "
                           f"public {len(prompt.public_ids)}; prefill {rate:.1f} tok/s "
                           f"({rate * QWEN_05B_PARAMS / 1e9:.1f} GMAC/s)")
-            stamped = StampedEvent()
-            cancel_client = client(None)
-            timer = threading.Timer(1.0, stamped.set)
-            timer.start()
-            for _ in cancel_client.stream(shared.query, task="email", cancel=stamped,
-                                          max_new_tokens=8):
-                pass
-            ended = time.perf_counter()
-            timer.cancel()
-            set_at = getattr(stamped, "set_at", None)  # None: it finished before the cancel
-            extra[f"user{user}"]["cancel_stop_s"] = ended - set_at if set_at else None  # type: ignore[index]
+            extra[f"user{user}"]["cancel_prefill_stop_s"] = [  # type: ignore[index]
+                cancel_stop_s(client(None), shared.query, delay, max_new_tokens=8)
+                for delay in (0.3, 0.75, 1.2)]
             ttft, total, res = timed(client(None), shared.query, "email", method="slm_rag",
                                      **common)
             rows.append(dict(user=user, rtt=None, config="SLM+RAG", ttft=ttft, total=total,
@@ -197,11 +212,19 @@ def main() -> None:
                                      tokens=res.stats.tokens, warm=res.stats.warm_tokens,
                                      switch=res.stats.switch_s, acc=res.stats.acceptance_rate))
                 prepared = client(via)
-                prepared.prepare(shared.query, task="email").wait()
+                prepared.prepare(shared.query, task="email", **common).wait()
                 ttft, total, res = timed(prepared, shared.query, "email", **common)
                 rows.append(dict(user=user, rtt=rtt, config="SpecSteer prepared", ttft=ttft,
                                  total=total, tokens=res.stats.tokens, warm=res.stats.warm_tokens,
-                                 switch=res.stats.switch_s, acc=res.stats.acceptance_rate))
+                                 switch=res.stats.switch_s, acc=res.stats.acceptance_rate,
+                                 session_reused=res.stats.session_reused,
+                                 drafted_ahead=res.stats.drafted_ahead))
+                stops = []
+                for delay in (0.15, 0.4, 0.65):  # cancels during the first rounds
+                    prepared.prepare(shared.query, task="email", **common).wait()
+                    stops.append(cancel_stop_s(prepared, shared.query, delay, **common))
+                prepared.close()
+                extra[f"user{user}"][f"cancel_round_stop_s@{rtt:g}"] = stops  # type: ignore[index]
                 proxy.close()
                 console.print(f"user {user} rtt {rtt:g} ms done")
     finally:
@@ -214,7 +237,8 @@ def main() -> None:
                         f"{args.preset}, {args.max_new_tokens} new tokens, device threads "
                         f"{args.threads}")
     for col in ("user", "RTT ms", "configuration", "TTFT s", "TTFT x G", "total s",
-                "tokens", "speed x G", "warm tokens", "switch s"):
+                "tokens", "speed x G", "warm tokens", "switch s", "session reused",
+                "drafted ahead"):
         table.add_column(col)
     base = {(r["user"], r["rtt"]): r for r in rows if r["config"] == "Generalist alone"}
     for r in rows:
@@ -223,7 +247,9 @@ def main() -> None:
         table.add_row(str(r["user"]), "-" if r["rtt"] is None else f"{r['rtt']:g}", r["config"],
                       f"{r['ttft']:.2f}", f"{r['ttft'] / g['ttft']:.2f}" if g else "",
                       f"{r['total']:.1f}", str(r["tokens"]), f"{speed:.2f}", str(r["warm"]),
-                      "" if r["switch"] is None else f"{r['switch']:.1f}")
+                      "" if r["switch"] is None else f"{r['switch']:.1f}",
+                      "yes" if r.get("session_reused") else "",
+                      str(r.get("drafted_ahead") or ""))
     console.print(table)
     console.print(json.dumps(extra, indent=1))
     if len(rows) > 1:

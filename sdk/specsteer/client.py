@@ -7,6 +7,7 @@ on-device Specialist only; the companion receives the context-free request's tok
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import ssl
 import threading
@@ -26,10 +27,11 @@ from specsteer.device import (
     TokenEvent,
     decode,
 )
-from specsteer.errors import CompanionConfigError, CompanionUnavailable
+from specsteer.device.rounds import first_draft, first_draft_key
+from specsteer.errors import CompanionConfigError, CompanionUnavailable, GenerationCancelled
 from specsteer.history import HistoryStore, Prompt, build_prompt, retrieve
 from specsteer.link import CompanionLink, FrameChannel, FrameTap, LinkStats
-from specsteer.prepared import KeptTracks
+from specsteer.prepared import KeptSessions, KeptTracks, OpeningSession
 from specsteer.runtime import load_model
 from specsteer.runtime.base import LanguageModel
 from specsteer.tokenizer import Message
@@ -77,6 +79,8 @@ class GenerationStats:
     prefill_tokens: int = 0  # private prompt tokens this generation prefilled itself
     warm_tokens: int = 0  # Generalist tokens written during a warm start, before the switch
     switch_s: float | None = None  # when Draft-Verify-Recover took over (None: no warm start)
+    session_reused: bool = False  # the companion session `prepare` opened was used as it was
+    drafted_ahead: int = 0  # tokens of the first round's draft `prepare` made after the prefill
     cancelled: bool = False  # stopped by the caller's cancel event
     records: tuple[str, ...] = ()
     truncated: tuple[str, ...] = ()
@@ -94,16 +98,23 @@ class GenerationStats:
 
 @dataclass(frozen=True)
 class Prepared:
-    """A request `Client.prepare` retrieved for and is prefilling in the background."""
+    """A request `Client.prepare` retrieved for and is prefilling in the background (and,
+    with a companion, whose session it is opening over the public prompt)."""
 
     prompt: Prompt = field(repr=False)
     device_prompt: DevicePrompt = field(repr=False)
     worker: threading.Thread = field(repr=False)
+    session: OpeningSession | None = field(default=None, repr=False)
 
     def wait(self, timeout: float | None = None) -> bool:
-        """Block until the prefill is done (or `timeout`); True when it is."""
+        """Block until the prefill and the session opening are done (or `timeout`); True
+        when they are."""
+        deadline = None if timeout is None else time.perf_counter() + timeout
         self.worker.join(timeout)
-        return not self.worker.is_alive()
+        if self.session is not None:
+            left = None if deadline is None else max(0.0, deadline - time.perf_counter())
+            self.session.done(left)
+        return not self.worker.is_alive() and (self.session is None or self.session.done(0))
 
 
 @dataclass
@@ -177,6 +188,7 @@ class Client:
         self.max_prompt_tokens = max_prompt_tokens
         self.tap = tap
         self._kept = KeptTracks(self.specialist)
+        self._sessions = KeptSessions()
 
     # -- prompts ---------------------------------------------------------------------------
     def render(self, query: Mapping[str, Any] | str, *, task: str = "email",
@@ -193,7 +205,9 @@ class Client:
         return prompt, DevicePrompt(private_ids=private_ids, public_ids=public_ids)
 
     def prepare(self, query: Mapping[str, Any] | str, *, task: str = "email",
-                before: str | None = None) -> Prepared:
+                before: str | None = None, preset: str | None = None,
+                settings: Params | None = None, user_length: bool = True,
+                **params: Any) -> Prepared:
         """Retrieve and prefill a request ahead of time (while the user is still typing).
 
         Returns at once; the Specialist prefills the private prompt on a background thread
@@ -203,21 +217,40 @@ class Client:
         only the rest; if the prefill is still running, the generation takes over from the
         chunk it reached. Calling it again as the request changes is cheap: the shared
         prefix is kept.
+
+        With a companion and a collaborative method (`preset`/`settings`/`params`/
+        `user_length` as for `stream`), the companion session over the public prompt is opened
+        too, so the first round needs no hello and no companion prefill; and (greedy drafting
+        methods) the first round's draft is made after the prefill. A generation whose public
+        prompt or settings differ replaces that session on the same connection; one whose
+        private prompt or draft settings differ drafts again.
         """
         prompt, device_prompt = self.render(query, task=task, before=before)
-        worker = self._kept.prepare(task, device_prompt.private_ids)
-        return Prepared(prompt, device_prompt, worker)
+        options = _fit_length(_settings(preset, settings, params), prompt, user_length)
+        key = first_draft_key(options) if self.companion is not None else None
+        eos = self.specialist.tokenizer.eos_ids
+        then = None if key is None else \
+            (lambda track, stop: first_draft(track, options, eos, stop))  # noqa: E731
+        worker = self._kept.prepare(task, device_prompt.private_ids, then, key)
+        session = None
+        if self.companion is not None and options.collaborative:
+            session = self._sessions.prepare(
+                task, lambda stop: self._connect(cancel=stop),  # type: ignore[arg-type,return-value]
+                device_prompt.public_ids, options)
+        return Prepared(prompt, device_prompt, worker, session)
 
     def close(self) -> None:
-        """Free the kept prefill states (their KV caches)."""
+        """Free the kept prefill states (their KV caches) and close prepared sessions."""
         self._kept.close()
+        self._sessions.close()
 
     # -- companion -------------------------------------------------------------------------
-    def _connect(self, stats: LinkStats | None = None) -> CompanionLink | None:
+    def _connect(self, stats: LinkStats | None = None,
+                 cancel: threading.Event | None = None) -> CompanionLink | None:
         if self.companion is None:
             return None
         if not isinstance(self.companion, tuple):
-            return self._handshake(self.companion(), stats)
+            return self._handshake(self.companion(), stats, cancel)
         from specsteer.transport import WebSocketChannel
 
         urls, failures = self.companion, []
@@ -226,7 +259,7 @@ class Client:
             try:
                 channel = WebSocketChannel(urls[at], ssl_context=self.ssl_context,
                                            open_timeout=self.connect_timeout_s)
-                link = self._handshake(channel, stats)
+                link = self._handshake(channel, stats, cancel)
             except CompanionUnavailable as exc:  # unreachable: try the next one
                 failures.append(str(exc))
                 continue
@@ -234,8 +267,10 @@ class Client:
             return link
         raise CompanionUnavailable("; ".join(failures))
 
-    def _handshake(self, channel: FrameChannel, stats: LinkStats | None) -> CompanionLink:
-        link = CompanionLink(channel, timeout=self.timeout_s, tap=self.tap, stats=stats)
+    def _handshake(self, channel: FrameChannel, stats: LinkStats | None,
+                   cancel: threading.Event | None = None) -> CompanionLink:
+        link = CompanionLink(channel, timeout=self.timeout_s, tap=self.tap, stats=stats,
+                             cancel=cancel)
         try:
             link.hello(generalist_sha256=self.generalist_sha256,
                        specialist_sha256=self.specialist.sha256, auth_token=self.token)
@@ -264,42 +299,50 @@ class Client:
         drops, reconnecting with backoff), "fail" (raise CompanionUnavailable) or
         "wait(SECONDS)". `on_mode` is told of every switch between collaborative and local.
 
-        cancel: set it (from any thread) to stop the generation at the next token or prefill
-        chunk; the stream ends, the companion session is closed and `stats.cancelled` is set.
+        cancel: set it (from any thread) to stop the generation: at the next drafted token or
+        prefill pass (~0.1 s each), or within 50 ms of a wait for the companion (a verdict is
+        not waited for); the stream ends, the companion session is closed (off the caller's
+        time) and `stats.cancelled` is set.
         """
         policy = OfflinePolicy.parse(offline)
-        if settings is None:
-            settings = Params.preset(preset, **params)
-        elif preset is not None or params:
-            raise ValueError("give either settings or preset/params, not both")
+        settings = _settings(preset, settings, params)
         started = time.perf_counter()
         prompt, device_prompt = self.render(query, task=task, before=before)
-        if user_length and prompt.length is not None:
-            low, high = prompt.length.clamp(settings.max_new_tokens)
-            settings = replace(settings, min_new_tokens=max(settings.min_new_tokens, low),
-                               max_new_tokens=high)
+        settings = _fit_length(settings, prompt, user_length)
         retrieval_s = time.perf_counter() - started
-        local, reused, to_prefill = None, 0, 0
+        link_stats = LinkStats()
+        # the session `prepare` is opening, first: a prefill it started goes on meanwhile
+        prepared = None
+        with contextlib.suppress(GenerationCancelled):  # decode then ends at once, cancelled
+            prepared = self._sessions.take(task, cancel)
+        if prepared is not None and not settings.collaborative:
+            threading.Thread(target=prepared.close, daemon=True).start()  # not on our time
+            prepared = None
+        if prepared is not None:  # its hello and OpenSession count as this generation's
+            link_stats.add_bytes(prepared.stats)
+            prepared.stats = link_stats
+        local, reused, to_prefill, ahead = None, 0, 0, None
         if settings.method != "slm":  # the SLM baseline reads the public prompt only
             room = len(device_prompt.private_ids) + settings.max_new_tokens + 64
-            local, reused = self._kept.take(task, device_prompt.private_ids, room)
+            key = first_draft_key(settings) if self.companion is not None else None
+            local, reused, ahead = self._kept.take(task, device_prompt.private_ids, room, key)
             to_prefill = local.pending
         stats = DecodeStats()
-        link_stats = LinkStats()
         tokens: list[int] = []
         provenance: list[str] = []
         text = ""
         tok = self.specialist.tokenizer
 
         def connect() -> CompanionLink:
-            link = self._connect(link_stats)
+            link = self._connect(link_stats, cancel)
             if link is None:
                 raise CompanionUnavailable("no companion configured")
             return link
 
         connector = connect if self.companion is not None else None
-        events = decode(self.specialist, device_prompt, settings, None, stats, connect=connector,
-                        offline=policy, on_mode=on_mode, cancel=cancel, local=local)
+        events = decode(self.specialist, device_prompt, settings, prepared, stats,
+                        connect=connector, offline=policy, on_mode=on_mode, cancel=cancel,
+                        local=local, ahead=ahead)
 
         def pieces() -> Iterator[tuple[str, TokenEvent]]:
             """New text and the token that completed it; unfinished characters wait for the rest."""
@@ -349,6 +392,7 @@ class Client:
                     pipelined=stats.pipelined, cancelled=stats.cancelled,
                     prefill_reused=reused, prefill_tokens=to_prefill,
                     warm_tokens=stats.warm_tokens, switch_s=stats.switch_s,
+                    session_reused=stats.session_reused, drafted_ahead=stats.drafted_ahead,
                     records=prompt.records, truncated=prompt.truncated,
                     leak_flagged=stats.leak_flagged, leak_redacted=stats.leak_redacted,
                     leak_held=stats.leak_held,
@@ -380,6 +424,24 @@ def _check_token_transport(url: str, allow_insecure: bool) -> None:
         )
     log.warning("sending the device token over unencrypted ws:// to %s (allow_insecure=True)",
                 host)
+
+
+def _fit_length(settings: Params, prompt: Prompt, user_length: bool) -> Params:
+    """With `user_length`, the user's usual length for the task within the request's budget."""
+    if not user_length or prompt.length is None:
+        return settings
+    low, high = prompt.length.clamp(settings.max_new_tokens)
+    return replace(settings, min_new_tokens=max(settings.min_new_tokens, low),
+                   max_new_tokens=high)
+
+
+def _settings(preset: str | None, settings: Params | None, params: Mapping[str, Any]) -> Params:
+    """A whole `Params`, or a preset with `Params` fields on top (not both)."""
+    if settings is None:
+        return Params.preset(preset, **params)
+    if preset is not None or params:
+        raise ValueError("give either settings or preset/params, not both")
+    return settings
 
 
 def _find_stop(text: str, stop: Sequence[str]) -> int | None:

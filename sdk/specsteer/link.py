@@ -9,21 +9,30 @@ places P_S0 on the device, the context-free Specialist's log-probabilities of th
 from __future__ import annotations
 
 import contextlib
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from specsteer.errors import CompanionError, CompanionUnavailable, ProtocolError
+from specsteer.errors import (
+    CompanionError,
+    CompanionTimedOut,
+    CompanionUnavailable,
+    GenerationCancelled,
+    ProtocolError,
+)
 from specsteer.protocol import (
     DeviceConnection,
     ErrorReceived,
     HelloAccepted,
     HelloOk,
+    OpenSession,
     RowReceived,
     RowReply,
     SessionReady,
     SessionSettings,
+    State,
     Verdict,
     VerdictReceived,
 )
@@ -48,6 +57,7 @@ class PollableChannel(FrameChannel, Protocol):
 
 
 FrameTap = Callable[[str, bytes], None]  # ("up" | "down", frame): sees every frame, for audits
+CANCEL_POLL_S = 0.05  # with a cancel event, a wait for a reply looks at it this often
 
 
 @dataclass
@@ -61,9 +71,21 @@ class LinkStats:
     wait_s: float = 0.0  # companion compute + network, as measured on the device
     requests: int = 0
 
+    def add_bytes(self, other: LinkStats) -> None:
+        """Count `other`'s frames and bytes here too (a link opened ahead of the request)."""
+        self.bytes_up += other.bytes_up
+        self.bytes_down += other.bytes_down
+        self.frames_up += other.frames_up
+        self.frames_down += other.frames_down
+
 
 class CompanionLink:
-    """Request/response calls to a companion over a FrameChannel."""
+    """Request/response calls to a companion over a FrameChannel.
+
+    cancel: once set, a wait for a reply (hello, session, verdict, row) raises
+    `GenerationCancelled` within `CANCEL_POLL_S` instead of waiting for it; the caller then
+    closes the link, which ends the companion's session.
+    """
 
     def __init__(
         self,
@@ -72,9 +94,11 @@ class CompanionLink:
         timeout: float = 30.0,
         tap: FrameTap | None = None,
         stats: LinkStats | None = None,
+        cancel: threading.Event | None = None,
     ) -> None:
         self.channel = channel
         self.timeout = timeout
+        self.cancel = cancel
         self.tap = tap
         self.conn = DeviceConnection()
         self.stats = stats if stats is not None else LinkStats()  # shared across reconnects
@@ -102,7 +126,7 @@ class CompanionLink:
                 if self._early:
                     frame = self._early.pop(0)
                 else:
-                    frame = self.channel.recv(self.timeout)
+                    frame = self._recv()
                     self._reply_seen_at = self._reply_seen_at or time.perf_counter()
                 if self.tap is not None:
                     self.tap("down", frame)
@@ -121,6 +145,22 @@ class CompanionLink:
         finally:
             self.stats.wait_s += time.perf_counter() - started
             self.stats.requests += 1
+
+    def _recv(self) -> bytes:
+        """The next frame within `timeout`, in slices that look at `cancel` between them."""
+        if self.cancel is None:
+            return self.channel.recv(self.timeout)
+        deadline = time.perf_counter() + self.timeout
+        while True:
+            if self.cancel.is_set():
+                raise GenerationCancelled("cancelled while waiting for the companion")
+            left = deadline - time.perf_counter()
+            try:
+                return self.channel.recv(max(0.0, min(left, CANCEL_POLL_S)))
+            except CompanionTimedOut as exc:
+                if left <= CANCEL_POLL_S:
+                    raise CompanionTimedOut(
+                        f"no answer from the companion within {self.timeout:.1f} s") from exc
 
     def _flush_quietly(self) -> None:
         with contextlib.suppress(CompanionUnavailable):
@@ -148,6 +188,14 @@ class CompanionLink:
         event = self._await(SessionReady)
         assert isinstance(event, SessionReady)
         return event.prompt_length
+
+    def holds(self, prompt_ids: Sequence[int], settings: SessionSettings) -> bool:
+        """Whether a session over exactly this prompt with these settings is open and unused
+        (opened ahead of the request by `Client.prepare`): no need to open it again."""
+        session = self.conn.session
+        return (self.conn.state is State.SESSION and self.conn.round == 0
+                and isinstance(session, OpenSession) and session.settings == settings
+                and list(session.prompt_ids) == list(prompt_ids))
 
     def resume(
         self,

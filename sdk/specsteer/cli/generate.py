@@ -14,7 +14,7 @@ from rich.console import Console
 from rich.table import Table
 
 from specsteer.cli import options
-from specsteer.client import Client, Result
+from specsteer.client import Client, GenerationStats, Result
 from specsteer.errors import SpecSteerError
 
 COLOURS = {
@@ -49,6 +49,14 @@ def print_stream(
     return out[0]
 
 
+def _warm_start(s: GenerationStats) -> str:
+    if s.switch_s is not None:
+        return f"{s.warm_tokens} Generalist tokens, Draft-Verify-Recover from {s.switch_s:.2f} s"
+    if s.warm_tokens:
+        return f"{s.warm_tokens} Generalist tokens, the end came before the prefill was done"
+    return "no"
+
+
 def stats_table(result: Result) -> Table:
     """The generation's stats as a two-column table."""
     s = result.stats
@@ -63,8 +71,8 @@ def stats_table(result: Result) -> Table:
         ("retrieval", f"{s.retrieval_s * 1e3:.1f} ms"),
         ("device prefill", f"{s.prefill_s:.2f} s ({s.prefill_tokens} prompt tokens; "
                            f"{s.prefill_reused} reused from prepare/earlier)"),
-        ("warm start", f"{s.warm_tokens} Generalist tokens, Draft-Verify-Recover from "
-                       f"{s.switch_s:.2f} s" if s.switch_s is not None else "no"),
+        ("companion session", "opened ahead (prepare)" if s.session_reused else "not ahead"),
+        ("warm start", _warm_start(s)),
         ("device compute", f"{s.device_s:.2f} s"),
         ("companion + network", f"{s.wait_s:.2f} s"),
         ("total", f"{s.total_s:.2f} s"),

@@ -7,6 +7,7 @@ where a round's draft ends never depends on timing.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -14,6 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from specsteer import steer
+from specsteer.errors import GenerationCancelled
 from specsteer.runtime.track import Track
 from specsteer.settings import Params
 
@@ -49,18 +51,22 @@ def draft(
     stop: Callable[[], bool] | None = None,
     into: Drafted | None = None,
     banned: Callable[[list[int]], frozenset[int]] | None = None,
+    cancel: threading.Event | None = None,
 ) -> Drafted:
     """Draft up to k tokens (`stop` cuts it short), or continue the draft `into` up to k.
 
     An end-of-text draft is not appended to the session: nothing follows it. `banned` gives,
     for the tokens drafted so far, the ids the next one may not be (end-of-text before the
-    user's minimum length, a repeated n-gram).
+    user's minimum length, a repeated n-gram). `cancel`, once set, raises
+    `GenerationCancelled` before the next token (a draft of K tokens takes K model passes).
     """
     drafted = into if into is not None else Drafted(local.length, [], [local.row])
     started, before = time.perf_counter(), len(drafted.tokens)
     while len(drafted.tokens) < k and not (drafted.tokens and drafted.tokens[-1] in eos):
         if stop is not None and drafted.tokens and stop():
             break
+        if cancel is not None and cancel.is_set():
+            raise GenerationCancelled("cancelled while drafting")
         row = drafted.rows[-1]
         if banned is not None:
             row = steer.forbid(row, banned(drafted.tokens))

@@ -41,6 +41,8 @@ class DecodeStats:
     cancelled: bool = False  # the caller's cancel event stopped the generation
     warm_tokens: int = 0  # Generalist tokens written during a warm start, before the switch
     switch_s: float | None = None  # seconds from the start until Draft-Verify-Recover took over
+    session_reused: bool = False  # the companion session was opened ahead by `Client.prepare`
+    drafted_ahead: int = 0  # tokens of the first round's draft made ahead by `Client.prepare`
     accept_lengths: list[int] = field(default_factory=list)
     # the leak guard (device/leak_guard.py): spans it flagged; drafted tokens it cut from drafts
     # or picks it turned away ("redact"); tokens decoded on the device alone because it held

@@ -17,7 +17,7 @@ from dataclasses import replace
 import numpy as np
 
 from specsteer import steer
-from specsteer.device.drafting import choose
+from specsteer.device.drafting import Drafted, choose
 from specsteer.device.events import DecodeStats, DevicePrompt, TokenEvent
 from specsteer.device.leak_guard import LeakGuard, LeakHeld
 from specsteer.device.offline import LINK_ERRORS, ModeChange, OfflinePolicy, Reconnector
@@ -28,6 +28,8 @@ from specsteer.link import CompanionLink
 from specsteer.runtime.base import LanguageModel
 from specsteer.runtime.track import Track
 from specsteer.settings import Params
+
+CLOSE_GRACE_S = 0.05  # a cancelled generation waits this long at most for its links to close
 
 
 def decode(
@@ -44,6 +46,7 @@ def decode(
     local: Track | None = None,
     switch_after: int | None = None,
     guard: LeakGuard | None = None,
+    ahead: Drafted | None = None,
 ) -> Iterator[TokenEvent]:
     """Yield generated tokens for `prompt` with `params.method`; stops at end-of-text.
 
@@ -56,7 +59,11 @@ def decode(
     `cancel`: once set (from any thread), the generation ends at the next token or prefill
     chunk boundary with `stats.cancelled` set; its companion session is closed as usual.
     `local`: the Specialist's track over the private prompt, prefilled or pending, when the
-    caller keeps one between generations (`specsteer.prepared`); it is not closed here.
+    caller keeps one between generations (`specsteer.prepared`: the Client's, paced so that a
+    cancel lands within ~0.1 s); it is not closed here. Without one, the prefill runs in fixed
+    128-token passes: pass boundaries change logits by float rounding, which can flip a
+    near-tie, and a timed pace would make the text depend on the machine's load (the eval
+    harness and the pinned outputs decode here).
 
     Warm start (`params.warm_start`, SpecSteer and speculative decoding, a companion reachable
     and the prefill left estimated at `params.warm_start_min_s` or more): the
@@ -69,10 +76,12 @@ def decode(
 
     `guard` checks what leaves (`params.leak_guard`); by default it is built from the prompt's
     two views. Pass one built over more private text (e.g. the whole history) to guard that too.
+    `ahead`: the first round's draft, made ahead by `Client.prepare` (`rounds.first_draft` for
+    these params); `local` then holds the prompt plus its tokens.
     """
     generation = _Generation(
         specialist, prompt, params, stats, connect, offline, on_mode, cancel, local, switch_after,
-        guard,
+        guard, ahead,
     )
     yield from generation.run(link)
 
@@ -93,7 +102,9 @@ class _Generation:
         local: Track | None = None,
         switch_after: int | None = None,
         guard: LeakGuard | None = None,
+        ahead: Drafted | None = None,
     ) -> None:
+        self.ahead = ahead
         self.specialist, self.prompt, self.params = specialist, prompt, params
         self.cancel = cancel if cancel is not None else threading.Event()
         self.stats = stats if stats is not None else DecodeStats()
@@ -129,15 +140,22 @@ class _Generation:
         except GenerationCancelled:
             self.stats.cancelled = True
         finally:
-            if self.warming is not None:
+            if self.warming is not None:  # it ended before the switch: every token so far
+                self.stats.warm_tokens = len(self.out)
                 self.warming.abandon()
-            self._drop_remote()
+            # cancelled: the caller gets control back now; a companion busy on a round (or a
+            # websocket's close handshake) takes the links' closing off its wait
+            self._drop_remote(background=self.cancel.is_set())
             self.links.close()
             if self.owns_local:
                 self.local.close()
 
     def _run(self, link: CompanionLink | None) -> Iterator[TokenEvent]:
         params, stats = self.params, self.stats
+        if link is not None:
+            self._hold_link(link)  # closed with the generation, used or not
+        if self.cancel.is_set():
+            raise GenerationCancelled("generation cancelled")
         warm = self._warm_start_wanted(link)
         if warm:
             self.warming = BackgroundPrefill(self.local, self.cancel)
@@ -146,11 +164,13 @@ class _Generation:
             stats.prefill_s += time.perf_counter() - self.started
         if params.collaborative:
             try:
-                link = link if link is not None else self.links.connect()
-                self.open_links.append(link)
+                if link is None:
+                    link = self.links.connect()
+                    self._hold_link(link)
                 self._collaborate(link, warm=warm)
             except LINK_ERRORS as exc:
                 self._end_warm_start()
+                self._drop_ahead()
                 self._lost(exc)
         while len(self.out) < params.max_new_tokens:
             if self.cancel.is_set():
@@ -173,6 +193,8 @@ class _Generation:
                         self._lost(exc)
                     continue
                 self.may_resync = True
+                if self.warming is not None:  # the first Generalist token is in
+                    self.warming.start()
                 if self.resyncing:
                     self.resyncing = False
                     stats.resyncs += 1
@@ -195,8 +217,13 @@ class _Generation:
 
     def _go_remote(self, link: CompanionLink) -> None:
         """Collaborate over `link` from here: the public prompt plus every token so far."""
-        self.open_links.append(link)
+        self._hold_link(link)
         self._collaborate(link)
+
+    def _hold_link(self, link: CompanionLink) -> None:
+        """Use `link` from here: its waits end when the generation is cancelled."""
+        link.cancel = self.cancel
+        self.open_links.append(link)
 
     def _collaborate(self, link: CompanionLink, *, warm: bool = False) -> None:
         """(Re-)open the session on the public prompt plus every token so far; `warm`: as the
@@ -209,10 +236,19 @@ class _Generation:
             max_new_tokens=self.params.max_new_tokens - done,
             min_new_tokens=max(0, self.params.min_new_tokens - done),
         )
+        if warm or done:  # the draft made ahead starts right after the prompt
+            self._drop_ahead()
+        ahead, self.ahead = self.ahead, None
         self.remote = collaborate(
             self.specialist, self.local, list(self.prompt.public_ids), list(self.out), left, link,
-            self.stats, self.rng, self.guard, self.next_round,
+            self.stats, self.rng, self.guard, self.next_round, ahead,
         )
+
+    def _drop_ahead(self) -> None:
+        """The draft made ahead will not be used: the track holds the prompt alone again."""
+        if self.ahead is not None:
+            self.ahead = None
+            self.local.resync(self.prompt_ids)
 
     def _resync(self, exc: Exception) -> bool:
         """The link dropped: rebuild the session on a fresh connection now, before any local
@@ -298,15 +334,24 @@ class _Generation:
         self.links.went_local()
         self._announce("local", str(exc))
 
-    def _drop_remote(self) -> None:
+    def _drop_remote(self, background: bool = False) -> None:
+        """Close the remote rounds and every open link (their sessions end with them);
+        `background`: on a thread of its own, waited for at most `CLOSE_GRACE_S`."""
         if self.open_links:
             self.next_round = self.open_links[-1].conn.round
         self.resyncing = False
         if self.remote is not None:
             self.remote.close()  # type: ignore[attr-defined]
             self.remote = None
-        while self.open_links:
-            self.open_links.pop().close()
+        links, self.open_links = self.open_links[::-1], []
+        if not background:
+            for link in links:
+                link.close()
+        elif links:
+            closer = threading.Thread(target=lambda: [link.close() for link in links],
+                                      name="specsteer-close", daemon=True)
+            closer.start()
+            closer.join(CLOSE_GRACE_S)
 
     def _local_token(self) -> int:
         """The Specialist alone (local methods, offline-degraded mode): one round per token."""

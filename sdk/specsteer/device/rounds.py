@@ -23,7 +23,7 @@ from specsteer.device.events import DecodeStats
 from specsteer.device.leak_guard import LeakGuard, LeakHeld, best_allowed
 from specsteer.draft_length import DraftLength
 from specsteer.link import CompanionLink
-from specsteer.protocol import HelloOk, Mode, Verdict
+from specsteer.protocol import HelloOk, Mode, SessionSettings, Verdict
 from specsteer.runtime.base import LanguageModel
 from specsteer.runtime.track import Track
 from specsteer.settings import Params
@@ -39,6 +39,38 @@ def s0_placed_on_device(params: Params, hello_ok: HelloOk | None) -> bool:
     return hello_ok is not None and not hello_ok.specialist_sha256
 
 
+def bans(params: Params, eos: frozenset[int], position: int, context: list[int]
+         ) -> frozenset[int]:
+    """Ids the token at output `position` may not be, after the output `context`:
+    end-of-text before the minimum length, and a repeat of an output n-gram."""
+    early = eos if position < params.min_new_tokens else frozenset()
+    return early | steer.repeated_ngram_bans(context, params.no_repeat_ngram)
+
+
+def first_draft_key(params: Params) -> tuple[int, int, int] | None:
+    """What the first round's draft depends on besides the private prompt (None: it cannot
+    be made ahead: sampling, or a method that does not draft)."""
+    if params.temperature > 0 or params.method not in MODES:
+        return None
+    size = budget(params, params.k, 0)  # end-of-text is banned at the positions below:
+    return size, min(params.min_new_tokens, size), params.no_repeat_ngram
+
+
+def first_draft(local: Track, params: Params, eos: frozenset[int],
+                stop: Callable[[], bool] | None = None) -> Drafted:
+    """The first round's draft, made ahead of the request (`Client.prepare`): exactly what
+    `SteeredRounds` drafts first (greedy); `stop` may cut it short, the round finishes it."""
+    return draft(local, budget(params, params.k, 0), 0.0, None, eos, stop=stop,
+                 banned=lambda drafted: bans(params, eos, len(drafted), list(drafted)))
+
+
+def session_settings(params: Params, link: CompanionLink) -> SessionSettings:
+    """The settings a session for `params` is opened with over `link` (after its hello)."""
+    mode = MODES.get(params.method, Mode.ROWS)
+    s0_here = mode is Mode.SPECSTEER and s0_placed_on_device(params, link.hello_ok)
+    return params.session_settings(mode, s0_here)
+
+
 def collaborate(
     specialist: LanguageModel,
     local: Track,
@@ -50,6 +82,7 @@ def collaborate(
     rng: np.random.Generator | None,
     guard: LeakGuard | None = None,
     round_: int = 0,
+    ahead: Drafted | None = None,
 ) -> Iterator[tuple[int, str]]:
     """Open a session over the public prompt and yield (token, provenance) from its rounds.
 
@@ -58,23 +91,29 @@ def collaborate(
     A generator: nothing is sent before the first token is asked for, so every link failure
     surfaces at a `next()` of the decoding loop, which applies the offline policy. `guard`
     checks every draft before it leaves, after the output `committed` so far (raising
-    `LeakHeld` under "hold"); the per-token baselines are not guarded.
+    `LeakHeld` under "hold"); the per-token baselines are not guarded. A session `link`
+    already holds unused over this prompt and settings (`Client.prepare`) is used as it is;
+    any other one is replaced. `ahead`: the first round's draft, made ahead (`first_draft`:
+    `local` holds the prompt plus its tokens).
     """
-    mode = MODES.get(params.method, Mode.ROWS)
-    s0_here = mode is Mode.SPECSTEER and s0_placed_on_device(params, link.hello_ok)
-    settings = params.session_settings(mode, s0_here)
+    settings = session_settings(params, link)
+    mode, s0_here = settings.mode, settings.s0_on_device
     if committed or round_:
         link.resume(public_prompt, committed, settings, round_)
+    elif link.holds(public_prompt, settings):
+        stats.session_reused = True
     else:
         link.open(public_prompt, settings)
     public_ids = [*public_prompt, *committed]
     if mode is Mode.ROWS:
         yield from row_tokens(local, params, link, stats, rng, specialist.tokenizer.eos_ids)
         return
+    stats.drafted_ahead = len(ahead.tokens) if ahead is not None else 0
     s0 = Track(specialist, public_ids, len(public_ids) + params.max_new_tokens + 64, lazy=True) \
         if s0_here else None
     yield from SteeredRounds(
-        specialist, local, s0, params, link, stats, rng, mode, guard=guard, written=committed
+        specialist, local, s0, params, link, stats, rng, mode, guard=guard, written=committed,
+        ahead=ahead,
     ).tokens()
 
 
@@ -99,6 +138,7 @@ class SteeredRounds:
         *,
         guard: LeakGuard | None = None,
         written: list[int] | None = None,
+        ahead: Drafted | None = None,
     ) -> None:
         self.local, self.s0, self.params, self.link = local, s0, params, link
         self.stats, self.rng, self.mode = stats, rng, mode
@@ -109,7 +149,8 @@ class SteeredRounds:
         self.k = params.k
         self.committed: list[int] = []  # ids the companion has not seen yet
         self.produced = 0
-        self.ahead: Drafted | None = None  # the bet: next round's draft, made during the wait
+        # the bet: next round's draft, made during the wait (or the first one, made ahead)
+        self.ahead: Drafted | None = ahead
         self.ahead_s0: np.ndarray | None = None  # P_S0 rows of [guess, *ahead], same bet
         self.guard = guard
         # the output the companion holds once `committed` is sent (the guard's context; the
@@ -187,14 +228,15 @@ class SteeredRounds:
             if self.committed:
                 self.local.push(self.committed[-1])
             return draft(
-                self.local, size, params.temperature, self.rng, self.eos, banned=banned
+                self.local, size, params.temperature, self.rng, self.eos, banned=banned,
+                cancel=self.link.cancel,
             )
         current, self.ahead = self.ahead, None
         # the bet was cut short when the verdict landed: finish it, so that a round's draft
         # (where its bonus falls, so the text) never depends on timing
         cut = len(current.tokens)
         draft(self.local, size, params.temperature, self.rng, self.eos, into=current,
-              banned=banned)
+              banned=banned, cancel=self.link.cancel)
         if self.ahead_s0 is not None and len(current.tokens) > cut:
             assert self.s0 is not None
             extra = self.s0.extend(current.tokens[cut:])[1:]
@@ -265,6 +307,7 @@ class SteeredRounds:
             self.local, size, self.params.temperature, self.rng, self.eos,
             stop=self.link.reply_ready,
             banned=self._bans_after(after + 1, [*self.text, *drafted, guess]),
+            cancel=self.link.cancel,
         )
         if self.s0 is not None and s0_rows is not None and not self.link.reply_ready():
             # same bet for P_S0: score [guess, *ahead] now, off the hot path
@@ -272,10 +315,7 @@ class SteeredRounds:
         return guess
 
     def _bans(self, position: int, context: list[int]) -> frozenset[int]:
-        """Ids the token at session `position` may not be, after the output `context`:
-        end-of-text before the minimum length, and a repeat of an output n-gram."""
-        eos = self.eos if position < self.params.min_new_tokens else frozenset()
-        return eos | steer.repeated_ngram_bans(context, self.params.no_repeat_ngram)
+        return bans(self.params, self.eos, position, context)
 
     def _bans_after(
         self, position: int, context: list[int]

@@ -3,6 +3,10 @@
 During a warm start the companion writes Generalist tokens from the public prompt while this
 thread prefills the Specialist's private prompt (in chunks, so it stops within one chunk when
 the generation ends or is cancelled). Nothing else touches the track until `join` returns.
+The prefill starts once the first Generalist token is in (`start`): a model pass holds
+Python's GIL (ONNX Runtime GenAI does not release it), so a prefill running meanwhile would
+hold up the connection, hello and session opening at every pass, and the first token with
+them.
 Whether a warm start pays is decided from `estimated_prefill_s`, a deterministic estimate (the
 same prompt and model always decide the same way), not from a clock.
 """
@@ -36,12 +40,14 @@ class BackgroundPrefill:
     def __init__(self, track: Track, cancel: threading.Event) -> None:
         self.track, self.cancel = track, cancel
         self.stop = threading.Event()  # set when the generation ends before the switch
+        self.go = threading.Event()  # set by `start`: the first token is in
         self.seconds = 0.0
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="specsteer-prefill", daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
+        self.go.wait()
         started = time.perf_counter()
         try:
             self.track.prefill(self.stop, self.cancel)
@@ -50,11 +56,17 @@ class BackgroundPrefill:
         finally:
             self.seconds = time.perf_counter() - started
 
+    def start(self) -> None:
+        """Let the prefill run (from now on)."""
+        self.go.set()
+
     def done(self) -> bool:
         return not self._thread.is_alive()
 
     def join(self) -> None:
-        """Wait for the prefill; raises `GenerationCancelled` if it was stopped."""
+        """Run the prefill to its end (starting it if need be); raises `GenerationCancelled`
+        if it was stopped."""
+        self.go.set()
         self._thread.join()
         if self._error is not None:
             raise self._error
@@ -62,4 +74,5 @@ class BackgroundPrefill:
     def abandon(self) -> None:
         """Stop the prefill at its next chunk and wait for the thread (nothing raised)."""
         self.stop.set()
+        self.go.set()
         self._thread.join()

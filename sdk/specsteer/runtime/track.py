@@ -4,14 +4,20 @@ Every participant of a round holds such a pair: the device's Specialist with the
 prompt, its context-free copy (P_S0, on the device or in the companion) and the companion's
 Generalist. Rolling a rejected draft back is an index move (`keep`), as in gpt-fast: the
 session rewinds and the row of the new last position is put back from the rows already
-computed, so no model pass is spent on it. The prompt is prefilled in chunks of
-`PREFILL_CHUNK` tokens with a cancellation check between chunks; what a cancelled prefill
-already ran stays in the session and the rest stays pending, so a later `prefill` resumes it.
+computed, so no model pass is spent on it. The prompt is prefilled in chunks with a
+cancellation check between chunks; what a cancelled prefill already ran stays in the session
+and the rest stays pending, so a later `prefill` resumes it. A cancel waits for the chunk in
+flight, so the Client's device prefill paces its chunks (`PrefillPace`): each lasts about
+`PACED_CHUNK_S` whatever the CPU, instead of a fixed token count that takes seconds on a slow
+core. The price: chunk boundaries change logits by float rounding, so where a pace puts them
+(timing) can flip a near-tie in the text; fixed chunks stay the default for that reason.
 """
 
 from __future__ import annotations
 
 import threading
+import time
+import weakref
 from collections.abc import Sequence
 
 import numpy as np
@@ -19,7 +25,55 @@ import numpy as np
 from specsteer.errors import GenerationCancelled
 from specsteer.runtime.base import LanguageModel, Session
 
-PREFILL_CHUNK = 128  # tokens per prefill pass: the cancellation granularity of a prefill
+PREFILL_CHUNK = 128  # tokens per prefill pass (unpaced), and the most a paced pass runs
+PACED_CHUNK_S = 0.1  # seconds a paced pass aims at: a cancel may take 200 ms in all
+# tokens of a paced pass before any rate is known, and the fewest it runs: small passes cost
+# throughput fast (Qwen2.5-0.5B int8, one core: 8-token passes 0.55-0.73x the tokens/s of
+# 128-token ones, 12-token 0.78x, 16-token 0.88-0.93x; docs/BENCHMARKS.md "Latency");
+# 16-token passes took up to 0.24 s on the shared benchmark machine, over the 200 ms bound
+PACED_FIRST = 12
+
+
+class PrefillPace:
+    """How many tokens the next prefill pass runs so that it lasts about `seconds`.
+
+    Sized from the tokens/s of the last pass on this model (shared by every track that uses
+    this pace), within [`low`, `high`]. Small passes cost throughput (weights are read once
+    per pass), so the pace is used where a cancel must land quickly: the device's prefill.
+    """
+
+    def __init__(self, seconds: float = PACED_CHUNK_S, low: int = PACED_FIRST,
+                 high: int = PREFILL_CHUNK) -> None:
+        if seconds <= 0 or not 1 <= low <= high:
+            raise ValueError("need seconds > 0 and 1 <= low <= high")
+        self.seconds, self.low, self.high = seconds, low, high
+        self.rate: float | None = None  # tokens/s of the last pass
+
+    def size(self) -> int:
+        if self.rate is None:
+            return self.low
+        return max(self.low, min(self.high, int(self.rate * self.seconds)))
+
+    def observe(self, tokens: int, seconds: float) -> None:
+        if tokens > 0 and seconds > 0:
+            self.rate = tokens / seconds
+
+
+_PACES: weakref.WeakKeyDictionary[object, PrefillPace] = weakref.WeakKeyDictionary()
+_PACES_BY_ID: dict[int, PrefillPace] = {}  # models that cannot be hashed (value dataclasses)
+_PACES_LOCK = threading.Lock()
+
+
+def model_pace(model: LanguageModel) -> PrefillPace:
+    """The model's shared `PrefillPace` (its last measured rate sizes every paced prefill).
+
+    An unhashable model is keyed by its id: should a later model reuse it, it starts from
+    the old rate, which its first pass corrects."""
+    with _PACES_LOCK:
+        try:
+            return _PACES.setdefault(model, PrefillPace())
+        except TypeError:
+            return _PACES_BY_ID.setdefault(id(model), PrefillPace())
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
@@ -37,6 +91,8 @@ class Track:
 
     lazy: prefill on first use, so a role that may never be needed (the Specialist under the
     LLM baseline, until the companion goes away) never pays for it.
+    chunk: tokens per prefill pass; pace: size each pass by time instead (the device's
+    prefill, which a cancel must be able to stop within ~`pace.seconds`).
     """
 
     def __init__(
@@ -47,14 +103,17 @@ class Track:
         *,
         lazy: bool = False,
         chunk: int = PREFILL_CHUNK,
+        pace: PrefillPace | None = None,
     ) -> None:
         if chunk < 1:
             raise ValueError("chunk must be >= 1")
         self.session: Session = model.new_session(max_length=max_length)  # type: ignore[call-arg]
         self.max_length = max_length
         self.chunk = chunk
+        self.pace = pace
         self._pending: list[int] | None = list(prompt)
         self._row: np.ndarray | None = None
+        self._row_at = -1  # the session length `_row` was computed at
         if not lazy:
             self.prefill()
 
@@ -64,7 +123,7 @@ class Track:
         return len(self._pending) if self._pending is not None else 0
 
     def prefill(self, *cancel: threading.Event | None) -> None:
-        """Run what is left of the prompt now, `chunk` tokens per pass.
+        """Run what is left of the prompt now, a chunk per pass (`chunk` tokens, or paced).
 
         Raises `GenerationCancelled` at a chunk boundary once any `cancel` event is set; the
         chunks already run stay in the session and `prefill` resumes from there.
@@ -72,8 +131,11 @@ class Track:
         while self._pending:
             if any(event is not None and event.is_set() for event in cancel):
                 raise GenerationCancelled("prefill cancelled")
-            part = self._pending[: self.chunk]
-            self._row = self.session.append(part)[-1]
+            part = self._pending[: self.pace.size() if self.pace is not None else self.chunk]
+            started = time.perf_counter()
+            self._set_row(self.session.append(part)[-1])
+            if self.pace is not None:
+                self.pace.observe(len(part), time.perf_counter() - started)
             self._pending = self._pending[len(part):]
         self._pending = None
 
@@ -81,14 +143,22 @@ class Track:
         """Hold `prompt` (pending, run by the next `prefill`), keeping the longest prefix it
         shares with `held`, the ids known to start the session; returns the tokens kept.
 
-        At least the prompt's last token is run again, so its next-position row is fresh.
+        At least the prompt's last token is run again, so its next-position row is fresh,
+        unless the session holds exactly `prompt`, fully prefilled: its row is that one.
         """
+        if (self._pending is None and self._row is not None and prompt
+                and self._row_at == self.session.length == len(prompt)
+                and list(held) == list(prompt)):
+            return len(prompt)
         keep = min(common_prefix(held, prompt), len(prompt) - 1, self.session.length)
         keep = max(keep, 0)
         self.session.rewind(keep)
         self._pending = list(prompt[keep:])
         self._row = None
         return keep
+
+    def _set_row(self, row: np.ndarray) -> None:
+        self._row, self._row_at = row, self.session.length
 
     @property
     def row(self) -> np.ndarray:
@@ -106,7 +176,7 @@ class Track:
     def push(self, token: int) -> np.ndarray:
         """Append one token; its row for the next position."""
         self.prefill()
-        self._row = self.session.append([token])[-1]
+        self._set_row(self.session.append([token])[-1])
         return self._row
 
     def extend(self, ids: Sequence[int]) -> np.ndarray:
@@ -115,21 +185,21 @@ class Track:
         if not ids:
             return row[None, :]
         rows = self.session.append(list(ids))
-        self._row = rows[-1]
+        self._set_row(rows[-1])
         return np.concatenate([row[None, :], rows])
 
     def keep(self, length: int, row: np.ndarray) -> None:
         """Hold only the first `length` tokens, whose next-position row is `row`."""
         self.prefill()
         self.session.rewind(length)
-        self._row = row
+        self._set_row(row)
 
     def resync(self, sequence: Sequence[int]) -> None:
         """Hold exactly `sequence` (prompt included): keep the common length, run the rest."""
         self._pending = None
         keep = min(self.session.length, len(sequence) - 1)
         self.session.rewind(keep)
-        self._row = self.session.append(list(sequence[keep:]))[-1]
+        self._set_row(self.session.append(list(sequence[keep:]))[-1])
 
     def close(self) -> None:
         self.session.close()

@@ -1,0 +1,239 @@
+"""`Client.prepare` opens the companion session ahead: reused when it matches, replaced if not."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from specsteer.client import Client
+from specsteer.device import Params
+from specsteer.device.rounds import first_draft
+from specsteer.errors import CompanionUnavailable
+from specsteer.history import HistoryStore
+from specsteer.protocol import Limits, Mode, OpenSession, decode
+from specsteer.runtime.track import Track
+from specsteer_companion.local import LocalChannel
+from specsteer_companion.server import CompanionServer
+from specsteer_companion.verifier import Verifier
+
+REQUEST = "Budget for the next quarter"
+CHANGED = "Budget for the next quarter and the offsite"
+
+
+@pytest.fixture()
+def store() -> HistoryStore:
+    history = HistoryStore(memory=True)
+    for n in range(4):
+        history.add(kind="email", title=f"Budget for quarter {n}",
+                    body=f"Dear team, the budget for quarter {n} stays as it is. " * 6)
+    return history
+
+
+class _Channels:
+    """In-process channels to one verifier, remembered (to count and check them closed);
+    every frame the device sends is recorded as it goes up."""
+
+    def __init__(self, verifier: Verifier) -> None:
+        self.verifier, self.made, self.up = verifier, [], []
+
+    def __call__(self) -> LocalChannel:
+        channel = LocalChannel.for_verifier(self.verifier)
+        send = channel.send
+
+        def recorded(frame: bytes) -> None:
+            self.up.append(decode(frame, Limits()))
+            send(frame)
+
+        channel.send = recorded  # type: ignore[method-assign]
+        self.made.append(channel)
+        return channel
+
+    def opened(self) -> list[OpenSession]:
+        return [m for m in self.up if isinstance(m, OpenSession)]
+
+
+def _closed(channel: LocalChannel) -> bool:
+    """Whether the channel and its companion session are closed (closing may run on a thread
+    of its own: wait for it, with a generous bound that only a leak reaches)."""
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        if channel.closed and channel.endpoint.session is None:
+            return True
+        time.sleep(0.01)
+    return False
+
+
+def _client(model, channels, store) -> Client:
+    return Client(model, history=store, companion=channels)
+
+
+def _cold(model, generalist, store, query, **options):
+    return _client(model, _Channels(Verifier(generalist, model)), store).generate(
+        query, max_new_tokens=30, **options)
+
+
+@pytest.mark.parametrize("method", ["specsteer", "speculative", "llm"])
+def test_a_prepared_session_is_used_as_it_is(tiny_model, tiny_generalist, store, method):
+    cold = _cold(tiny_model, tiny_generalist, store, REQUEST, method=method)
+    channels = _Channels(Verifier(tiny_generalist, tiny_model))
+    client = _client(tiny_model, channels, store)
+    prepared = client.prepare(REQUEST, method=method)
+    assert prepared.wait(timeout=60)
+    assert len(channels.made) == 1 and len(channels.opened()) == 1  # opened before the request
+    result = client.generate(REQUEST, max_new_tokens=30, method=method)
+    assert (result.tokens, result.provenance) == (cold.tokens, cold.provenance)
+    assert result.stats.session_reused and not cold.stats.session_reused
+    # no second connection, no second OpenSession: the generation went straight to its rounds
+    assert len(channels.made) == 1 and len(channels.opened()) == 1
+    assert result.stats.bytes_up > 0 and _closed(channels.made[0])
+
+
+def test_only_the_public_prompt_goes_up_ahead(tiny_model, tiny_generalist, store):
+    channels = _Channels(Verifier(tiny_generalist, tiny_model))
+    client = _client(tiny_model, channels, store)
+    assert client.prepare(REQUEST).wait(timeout=60)
+    _, device_prompt = client.render(REQUEST)
+    assert [type(m).__name__ for m in channels.up] == ["Hello", "OpenSession"]
+    assert list(channels.opened()[0].prompt_ids) == list(device_prompt.public_ids)
+    assert len(device_prompt.private_ids) > len(device_prompt.public_ids) + 50
+    client.close()
+    assert _closed(channels.made[0])  # a session never taken is closed with the client
+
+
+def test_a_changed_request_replaces_the_session(tiny_model, tiny_generalist, store):
+    cold = _cold(tiny_model, tiny_generalist, store, CHANGED)
+    channels = _Channels(Verifier(tiny_generalist, tiny_model))
+    client = _client(tiny_model, channels, store)
+    assert client.prepare(REQUEST).wait(timeout=60)
+    result = client.generate(CHANGED, max_new_tokens=30)
+    assert (result.tokens, result.provenance) == (cold.tokens, cold.provenance)
+    assert not result.stats.session_reused
+    public = [list(client.render(q)[1].public_ids) for q in (REQUEST, CHANGED)]
+    assert public[0] != public[1]
+    # the stale session was replaced on the same connection by one over the new prompt
+    assert [list(m.prompt_ids) for m in channels.opened()] == public
+    assert len(channels.made) == 1 and _closed(channels.made[0])
+
+
+def test_other_settings_do_not_reuse_the_session(tiny_model, tiny_generalist, store):
+    cold = _cold(tiny_model, tiny_generalist, store, REQUEST, method="llm")
+    channels = _Channels(Verifier(tiny_generalist, tiny_model))
+    client = _client(tiny_model, channels, store)
+    assert client.prepare(REQUEST, method="specsteer").wait(timeout=60)
+    result = client.generate(REQUEST, max_new_tokens=30, method="llm")
+    assert result.tokens == cold.tokens and not result.stats.session_reused
+    assert [m.settings.mode for m in channels.opened()] == [Mode.SPECSTEER, Mode.ROWS]
+    assert len(channels.made) == 1 and _closed(channels.made[0])
+
+
+def test_a_local_method_closes_the_prepared_session(tiny_model, tiny_generalist, store):
+    channels = _Channels(Verifier(tiny_generalist, tiny_model))
+    client = _client(tiny_model, channels, store)
+    assert client.prepare(REQUEST).wait(timeout=60)
+    client.generate(REQUEST, max_new_tokens=10, method="slm_rag")
+    assert len(channels.made) == 1 and _closed(channels.made[0])
+
+
+def test_preparing_again_replaces_the_session_on_the_same_connection(
+    tiny_model, tiny_generalist, store
+):
+    channels = _Channels(Verifier(tiny_generalist, tiny_model))
+    client = _client(tiny_model, channels, store)
+    assert client.prepare(REQUEST).wait(timeout=60)
+    assert client.prepare(REQUEST).wait(timeout=60)  # the same request: nothing new goes up
+    assert client.prepare(CHANGED).wait(timeout=60)
+    public = [list(client.render(q)[1].public_ids) for q in (REQUEST, CHANGED)]
+    assert len(channels.made) == 1 and [list(m.prompt_ids) for m in channels.opened()] == public
+    assert [type(m).__name__ for m in channels.up].count("Hello") == 1
+    result = client.generate(CHANGED, max_new_tokens=10)
+    assert result.stats.session_reused and len(channels.made) == 1
+    assert _closed(channels.made[0])
+
+
+def test_preparing_again_while_opening_starts_over(tiny_model, tiny_generalist, store):
+    verifier = Verifier(tiny_generalist, tiny_model)
+    release, made = threading.Event(), []
+
+    def slow() -> LocalChannel:  # the first connection takes until released
+        if not made:
+            release.wait(30)
+        made.append(LocalChannel.for_verifier(verifier))
+        return made[-1]
+
+    client = Client(tiny_model, history=store, companion=slow)
+    first = client.prepare(REQUEST)
+    second = client.prepare(CHANGED)  # the first is still connecting: given up
+    release.set()
+    assert first.wait(timeout=60) and second.wait(timeout=60)
+    result = client.generate(CHANGED, max_new_tokens=10)
+    assert result.stats.session_reused and len(made) == 2
+    assert all(_closed(c) for c in made)
+
+
+def test_a_prepared_session_over_a_socket(tiny_model, tiny_generalist, store):
+    verifier = Verifier(tiny_generalist, tiny_model)
+    cold = _cold(tiny_model, tiny_generalist, store, REQUEST)
+    server = CompanionServer(verifier)
+    with server.running() as url:
+        client = Client(tiny_model, history=store, companion=url)
+        assert client.prepare(REQUEST).wait(timeout=60)
+        assert server.open_connections() == 1  # opened while the user typed
+        result = client.generate(REQUEST, max_new_tokens=30)
+        assert result.tokens == cold.tokens and result.stats.session_reused
+        assert server.connections == 1  # the generation used that connection, no other
+        assert client.prepare(CHANGED).wait(timeout=60)
+        client.close()  # a prepared session never used is closed
+        deadline = time.monotonic() + 10
+        while server.open_connections() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert server.open_connections() == 0 and server.connections == 2
+
+
+@pytest.mark.parametrize("method", ["specsteer", "speculative"])
+def test_the_first_draft_is_made_ahead_and_used(tiny_model, tiny_generalist, store, method):
+    cold = _cold(tiny_model, tiny_generalist, store, REQUEST, method=method, k=3)
+    client = _client(tiny_model, _Channels(Verifier(tiny_generalist, tiny_model)), store)
+    assert client.prepare(REQUEST, method=method, k=3).wait(timeout=60)
+    result = client.generate(REQUEST, max_new_tokens=30, method=method, k=3)
+    assert (result.tokens, result.provenance) == (cold.tokens, cold.provenance)
+    assert result.stats.drafted_ahead == 3 and cold.stats.drafted_ahead == 0
+    assert result.stats.prefill_reused == len(client.render(REQUEST)[1].private_ids)
+
+
+@pytest.mark.parametrize("change", [dict(k=2), dict(min_new_tokens=8), dict(temperature=0.7)])
+def test_other_draft_settings_draft_again(tiny_model, tiny_generalist, store, change):
+    options = dict(seed=5, **change)
+    cold = _cold(tiny_model, tiny_generalist, store, REQUEST, **options)
+    client = _client(tiny_model, _Channels(Verifier(tiny_generalist, tiny_model)), store)
+    assert client.prepare(REQUEST, k=3).wait(timeout=60)
+    result = client.generate(REQUEST, max_new_tokens=30, **options)
+    assert result.tokens == cold.tokens and result.stats.drafted_ahead == 0
+
+
+def test_a_draft_made_ahead_is_dropped_when_the_companion_is_gone(
+    tiny_model, tiny_generalist, store
+):
+    def gone() -> LocalChannel:
+        raise CompanionUnavailable("no companion here")
+
+    cold = Client(tiny_model, history=store, companion=gone).generate(REQUEST, max_new_tokens=30)
+    client = Client(tiny_model, history=store, companion=gone)
+    assert client.prepare(REQUEST).wait(timeout=60)
+    assert client._kept._kept["email"].ahead is not None  # drafted after the prefill
+    result = client.generate(REQUEST, max_new_tokens=30)
+    assert result.stats.degraded and result.stats.drafted_ahead == 0
+    # the local Specialist starts right after the prompt, not after the dropped draft
+    assert result.tokens == cold.tokens
+
+
+def test_the_draft_made_ahead_keeps_the_rounds_bans(tiny_model):
+    """What `SteeredRounds` bans in its first draft, `first_draft` bans too: here end-of-text
+    (the model's own first pick, declared end-of-text) before the minimum length."""
+    prompt = tiny_model.tokenizer.encode("Dear team, the budget stays as it is. " * 6)
+    free = first_draft(Track(tiny_model, prompt, 600), Params(k=4), frozenset())
+    eos = frozenset({free.tokens[0]})
+    early = first_draft(Track(tiny_model, prompt, 600), Params(k=4, min_new_tokens=2), eos)
+    late = first_draft(Track(tiny_model, prompt, 600), Params(k=4, min_new_tokens=0), eos)
+    assert early.tokens[0] != free.tokens[0] and late.tokens == free.tokens[:1]
