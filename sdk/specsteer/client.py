@@ -11,7 +11,7 @@ import logging
 import ssl
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -27,7 +27,7 @@ from specsteer.device import (
     decode,
 )
 from specsteer.errors import CompanionConfigError, CompanionUnavailable
-from specsteer.history import HistoryStore, Prompt, build_prompt, retrieve
+from specsteer.history import HistoryStore, Prompt, build_prompt, continuation_prefix, retrieve
 from specsteer.link import CompanionLink, FrameChannel, FrameTap, LinkStats
 from specsteer.prepared import KeptTracks
 from specsteer.runtime import load_model
@@ -180,20 +180,30 @@ class Client:
 
     # -- prompts ---------------------------------------------------------------------------
     def render(self, query: Mapping[str, Any] | str, *, task: str = "email",
-               before: str | None = None) -> tuple[Prompt, DevicePrompt]:
-        """Retrieve the private context and render both views of the request."""
-        hits = retrieve(self.history, task, query, self.retrieve_k, before=before) \
-            if self.history is not None and self.retrieve_k > 0 else []
+               before: str | None = None, prefix: str = "",
+               exclude: Collection[str] = ()) -> tuple[Prompt, DevicePrompt]:
+        """Retrieve the private context and render both views of the request.
+
+        prefix: the user's draft to continue (see `stream`): it ends the private view only.
+        exclude: record ids not to retrieve (the record being continued).
+        """
+        hits = retrieve(self.history, task, query, self.retrieve_k, before=before,
+                        exclude=exclude) if self.history is not None and self.retrieve_k > 0 else []
         tok = self.specialist.tokenizer
         prompt = build_prompt(task, query, hits, count_tokens=tok.count,
                               max_prompt_tokens=self.max_prompt_tokens)
         private_ids, public_ids = (
             tok.chat_ids([Message(m["role"], m["content"]) for m in prompt.messages(private=p)])
             for p in (True, False))
+        if prefix := continuation_prefix(prefix):
+            # the assistant's turn is open: the draft's ids follow it, on the device only
+            prompt = replace(prompt, prefix=prefix)
+            private_ids = [*private_ids, *tok.encode(prefix)]
         return prompt, DevicePrompt(private_ids=private_ids, public_ids=public_ids)
 
     def prepare(self, query: Mapping[str, Any] | str, *, task: str = "email",
-                before: str | None = None) -> Prepared:
+                before: str | None = None, prefix: str = "",
+                exclude: Collection[str] = ()) -> Prepared:
         """Retrieve and prefill a request ahead of time (while the user is still typing).
 
         Returns at once; the Specialist prefills the private prompt on a background thread
@@ -204,7 +214,8 @@ class Client:
         chunk it reached. Calling it again as the request changes is cheap: the shared
         prefix is kept.
         """
-        prompt, device_prompt = self.render(query, task=task, before=before)
+        prompt, device_prompt = self.render(query, task=task, before=before, prefix=prefix,
+                                            exclude=exclude)
         worker = self._kept.prepare(task, device_prompt.private_ids)
         return Prepared(prompt, device_prompt, worker)
 
@@ -250,7 +261,8 @@ class Client:
                before: str | None = None, result: list[Result] | None = None,
                on_mode: Callable[[ModeChange], None] | None = None,
                settings: Params | None = None, user_length: bool = True,
-               cancel: threading.Event | None = None,
+               cancel: threading.Event | None = None, prefix: str = "",
+               exclude: Collection[str] = (),
                **params: Any) -> Iterator[Piece]:
         """Yield text pieces as tokens are decided.
 
@@ -266,6 +278,14 @@ class Client:
 
         cancel: set it (from any thread) to stop the generation at the next token or prefill
         chunk; the stream ends, the companion session is closed and `stats.cancelled` is set.
+
+        prefix: the user's draft so far, to be continued: the private prompt ends with it (the
+        assistant's turn already begun) and the pieces are what comes after it — after
+        `continuation_prefix(prefix)`, the draft without trailing spaces or tabs. It is private:
+        it stays on the device like the history; the companion gets the public request and the
+        drafted continuation, as for any generation. The user's length counts it: the minimum
+        of new tokens is lowered by its length. `exclude`: record ids not to retrieve (the
+        draft's own record, if it is stored).
         """
         policy = OfflinePolicy.parse(offline)
         if settings is None:
@@ -273,9 +293,12 @@ class Client:
         elif preset is not None or params:
             raise ValueError("give either settings or preset/params, not both")
         started = time.perf_counter()
-        prompt, device_prompt = self.render(query, task=task, before=before)
+        prompt, device_prompt = self.render(query, task=task, before=before, prefix=prefix,
+                                            exclude=exclude)
         if user_length and prompt.length is not None:
             low, high = prompt.length.clamp(settings.max_new_tokens)
+            if prompt.prefix:  # the draft already holds part of the user's usual length
+                low = max(0, low - self.specialist.tokenizer.count(prompt.prefix))
             settings = replace(settings, min_new_tokens=max(settings.min_new_tokens, low),
                                max_new_tokens=high)
         retrieval_s = time.perf_counter() - started

@@ -15,6 +15,8 @@ export interface GenerateRequest {
   stop?: string[];
   offline?: string;
   before?: string | number;
+  /** the user's draft so far: the output continues it; private, never sent to the companion */
+  prefix?: string;
   method?: "specsteer" | "slm" | "slm_rag" | "llm" | "speculative" | "light_costeer" | "costeer";
   max_new_tokens?: number;
   temperature?: number;

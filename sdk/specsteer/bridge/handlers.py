@@ -42,7 +42,7 @@ Notify = Callable[[str, dict[str, Any]], None]
 
 NOTIFICATIONS = ["generate.piece", "generate.mode", "generate.stats"]
 # decoding options passed to Client.stream as they are (`query` and `task` are positional)
-_STREAM_OPTIONS = ("preset", "stop", "offline", "before", "method", "max_new_tokens",
+_STREAM_OPTIONS = ("preset", "stop", "offline", "before", "prefix", "method", "max_new_tokens",
                    "temperature", "gamma", "alpha", "k", "adaptive_k", "top_k", "top_p", "seed")
 
 
@@ -126,7 +126,8 @@ class Bridge:
         """Retrieve and prefill a request in the background (`Client.prepare`); answers at once.
         A following `generate` of the same task reuses every prompt token they share."""
         task = params.get("task", "email")
-        self.client.prepare(params["query"], task=task, before=params.get("before"))
+        self.client.prepare(params["query"], task=task, before=params.get("before"),
+                            prefix=params.get("prefix", ""))
         return {"task": task, "prefilling": True}
 
     def initialize(self, params: dict[str, Any]) -> dict[str, Any]:
