@@ -5,6 +5,7 @@ never shows the private history."""
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import sys
@@ -65,6 +66,9 @@ def test_reply_draft_offline_and_back_then_send(browser, mail_app) -> None:
     page.click("#messages li >> text=Frost on plot 14")
     page.click("#reply")
     assert page.input_value("#c-subject") == "Re: Frost on plot 14"
+    # the user starts the reply; a pause in typing prepares the draft that continues it
+    page.fill("#c-body", f"Thanks Priya, the frost cloth is behind {CANARY} and")
+    page.wait_for_selector("#prepared:visible")
 
     page.click("#privacy-toggle")
     page.click("#draft")
@@ -75,6 +79,12 @@ def test_reply_draft_offline_and_back_then_send(browser, mail_app) -> None:
     page.wait_for_selector("#badge.offline")
     page.wait_for_selector("#draft:enabled", timeout=60000)
     screenshot(page, "mail-offline.png")
+    # the draft started from the prompt prepared while typing (all but its last tokens)
+    done = page.inner_text("#suggestion-state")
+    prefilled = re.search(r"(\d+) of (\d+) prompt tokens prefilled", done)
+    assert prefilled, done
+    reused, total = map(int, prefilled.groups())
+    assert total - 3 <= reused < total, done
 
     # back online: the badge says so and the next draft is steered again
     proxy.set_online(True)
@@ -84,11 +94,12 @@ def test_reply_draft_offline_and_back_then_send(browser, mail_app) -> None:
     page.wait_for_function(f"document.querySelectorAll('{COLLAB}').length >= 3")
     page.click("#cancel")
     page.wait_for_selector("#suggestion-state >> text=cancelled")
+    suggestion = "".join(page.locator("#suggestion-text .tok").all_text_contents())
     page.click("#accept")
     drafted = page.input_value("#c-body")
-    assert drafted
+    assert drafted == f"Thanks Priya, the frost cloth is behind {CANARY} and" + suggestion
 
-    page.fill("#c-body", drafted + f"\n\n{CANARY}\nDirt under the nails,\nWren")
+    page.fill("#c-body", drafted + "\n\nDirt under the nails,\nWren")
     page.click("#send")
     page.wait_for_selector("#folder-sent.active")
     page.wait_for_selector("#messages li >> text=Re: Frost on plot 14")
@@ -99,7 +110,7 @@ def test_reply_draft_offline_and_back_then_send(browser, mail_app) -> None:
     page.wait_for_function("document.querySelectorAll('#frames li').length > 10")
     panel = page.inner_text("#frames")
     assert "OpenSession" in panel and "Draft" in panel
-    for private in (CANARY, "Dirt under the nails", "envelopes", "Practical bits"):
+    for private in (CANARY, "Dirt under the nails", "envelopes", "Practical bits", "frost cloth"):
         assert private not in panel
     screenshot(page, "mail-privacy.png")
     page.close()

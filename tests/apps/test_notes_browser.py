@@ -1,9 +1,11 @@
-"""The notes app in a real browser on tiny models: write, continue with provenance colours, lose
-the companion (offline badge, local tokens), get it back (resume), and a privacy panel that
-never shows the private history."""
+"""The notes app in a real browser on tiny models: write (the continuation is prepared while
+typing), continue the note with provenance colours, lose the companion (offline badge, local
+tokens), get it back (resume), and a privacy panel that never shows the private history nor the
+note being continued."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -40,9 +42,12 @@ def test_write_continue_lose_and_regain_the_companion(browser, notes_app) -> Non
     # write a note: it is saved into the history store
     page.click("#new-note")
     page.fill("#title", "Bulb planting day")
-    page.fill("#body", f"Tulips along the fence this Saturday. {CANARY}.")
+    page.fill("#body", f"Tulips along the fence this Saturday. {CANARY}. Bring")
+    # a pause in typing prepares the continuation on the device (retrieval and prefill)
+    page.wait_for_selector("#prepared:visible")
     page.click("#save")
     page.wait_for_selector("#note-list li.active >> text=Bulb planting day")
+    page.wait_for_selector("#prepared:visible")  # prepared again: the history changed
     with HistoryStore(history, read_only=True) as store:
         saved = [r for r in store.list(kind="note") if r.title == "Bulb planting day"]
     assert saved and CANARY in saved[0].body
@@ -73,20 +78,29 @@ def test_write_continue_lose_and_regain_the_companion(browser, notes_app) -> Non
     page.wait_for_selector("#badge.online")
     page.wait_for_selector("#cancel", state="hidden", timeout=60000)
     assert page.locator("#accept").is_enabled()
+    # the continuation started from the prompt prepared while typing: all of it but the last
+    # tokens (the generation itself runs the last one) was prefilled before the click
+    done = page.inner_text("#suggestion-state")
+    prefilled = re.search(r"(\d+) of (\d+) prompt tokens prefilled", done)
+    assert prefilled, done
+    reused, total = map(int, prefilled.groups())
+    assert total - 3 <= reused < total, done
 
     # the privacy panel: frames up and down, the public request visible, no private text
     page.wait_for_function("document.querySelectorAll('#frames li').length > 10")
     panel = page.inner_text("#frames")
     assert "OpenSession" in panel and "Draft" in panel and "Verdict" in panel
-    for private in ("Marigold", "canary", "Dirt under the nails", "Chicken-wire", "Tulips"):
+    for private in ("Marigold", "canary", "Dirt under the nails", "Chicken-wire", "Tulips",
+                    "fence"):
         assert private not in panel
     screenshot(page, "notes-privacy.png")
 
-    # accept appends the continuation to the note and saves it
+    # accept appends the continuation to the note (it continues "Bring") and saves it
     suggestion = "".join(page.locator("#suggestion-text .tok").all_text_contents())
     page.click("#accept")
     page.wait_for_selector("#suggestion", state="hidden")
-    assert page.input_value("#body").endswith(suggestion)
+    assert page.input_value("#body") == f"Tulips along the fence this Saturday. {CANARY}. Bring" \
+        + suggestion
     page.close()
 
 
