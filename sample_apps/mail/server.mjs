@@ -3,6 +3,7 @@
 //
 //   node sample_apps/mail/server.mjs [--port 8400] [--real] [--companion ws://HOST:PORT]
 //                                    [--no-companion] [--history PATH] [--python PATH]
+//                                    [--max-new-tokens N] [--min-token-ms MS]
 //
 // Without --companion it starts one (sample_apps/companion.py: tiny models, or the Qwen pair
 // with --real). The history store starts with the persona's sent mail; the inbox is
@@ -42,6 +43,7 @@ const { values: opts } = parseArgs({
     history: { type: "string", default: "" },
     python: { type: "string", default: process.env.SPECSTEER_PYTHON || "python3" },
     "max-new-tokens": { type: "string", default: "" },
+    "min-token-ms": { type: "string", default: "" },
   },
 });
 
@@ -50,6 +52,8 @@ const historyPath = opts.history || join(specsteerHome, "apps", "mail.db");
 const inbox = JSON.parse(readFileSync(join(DATA, "inbox.json"), "utf8"));
 const settings = { companion: opts.companion, token: opts.token, preset: opts.preset };
 const maxNewTokens = Number(opts["max-new-tokens"]) || (opts.real ? 160 : 200);
+// paces the stream for reading: the tiny models write far faster than anyone reads
+const minTokenMs = opts["min-token-ms"] !== "" ? Number(opts["min-token-ms"]) : (opts.real ? 0 : 25);
 const state = { client: null, specialist: "", frames: [], mode: "unknown", reason: "",
                 generation: null, launcher: null };
 
@@ -168,7 +172,8 @@ async function draft(res, composer) {
   send("mode", { mode: settings.companion ? state.mode : "local", reason: state.reason });
   try {
     const generation = state.client.generate(
-      { ...draftRequest(composer), preset: settings.preset, max_new_tokens: maxNewTokens },
+      { ...draftRequest(composer), preset: settings.preset, max_new_tokens: maxNewTokens,
+        min_token_ms: minTokenMs },
       { signal: controller.signal });
     for await (const piece of generation) send("piece", piece);
     const result = await generation.result;

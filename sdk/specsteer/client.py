@@ -184,7 +184,7 @@ class Client:
                exclude: Collection[str] = ()) -> tuple[Prompt, DevicePrompt]:
         """Retrieve the private context and render both views of the request.
 
-        prefix: the user's draft to continue (see `stream`): it ends the private view only.
+        prefix: the user's draft to continue (see `stream`): it ends both views.
         exclude: record ids not to retrieve (the record being continued).
         """
         hits = retrieve(self.history, task, query, self.retrieve_k, before=before,
@@ -196,9 +196,11 @@ class Client:
             tok.chat_ids([Message(m["role"], m["content"]) for m in prompt.messages(private=p)])
             for p in (True, False))
         if prefix := continuation_prefix(prefix):
-            # the assistant's turn is open: the draft's ids follow it, on the device only
+            # the assistant's turn is open and the draft follows it, in both views: the
+            # companion must read the text it helps continue (the history stays private)
             prompt = replace(prompt, prefix=prefix)
-            private_ids = [*private_ids, *tok.encode(prefix)]
+            prefix_ids = tok.encode(prefix)
+            private_ids, public_ids = [*private_ids, *prefix_ids], [*public_ids, *prefix_ids]
         return prompt, DevicePrompt(private_ids=private_ids, public_ids=public_ids)
 
     def prepare(self, query: Mapping[str, Any] | str, *, task: str = "email",
@@ -279,13 +281,14 @@ class Client:
         cancel: set it (from any thread) to stop the generation at the next token or prefill
         chunk; the stream ends, the companion session is closed and `stats.cancelled` is set.
 
-        prefix: the user's draft so far, to be continued: the private prompt ends with it (the
+        prefix: the user's draft so far, to be continued: both prompts end with it (the
         assistant's turn already begun) and the pieces are what comes after it — after
-        `continuation_prefix(prefix)`, the draft without trailing spaces or tabs. It is private:
-        it stays on the device like the history; the companion gets the public request and the
-        drafted continuation, as for any generation. The user's length counts it: the minimum
-        of new tokens is lowered by its length. `exclude`: record ids not to retrieve (the
-        draft's own record, if it is stored).
+        `continuation_prefix(prefix)`, the draft without trailing spaces or tabs. It is part of
+        the public request: the user asks for help with this text, and a Generalist that did not
+        read it steers the output back to a fresh start (measured: docs/apps.md). The history
+        stays private as always. The user's length counts it: the minimum of new tokens is
+        lowered by its length. `exclude`: record ids not to retrieve (the draft's own record, if
+        it is stored: its text is already the prefix).
         """
         policy = OfflinePolicy.parse(offline)
         if settings is None:

@@ -1,6 +1,6 @@
-"""Continuing the user's draft (`prefix`): the private prompt ends with it, the output is what
-comes after it, and it stays on the device — the companion gets the public request and the
-drafted continuation, exactly as for a generation without a draft."""
+"""Continuing the user's draft (`prefix`): both prompts end with it and the output is what comes
+after it. The privacy decision it pins: the draft is part of the public request (the user asks
+for help with this text; the companion reads it), the history is not — it stays on the device."""
 
 from __future__ import annotations
 
@@ -17,8 +17,8 @@ from specsteer_companion.local import LocalChannel
 from specsteer_companion.verifier import Verifier
 
 TITLE = "Bulb planting day"
-CANARY = "ZQX-CANARY-4417-larkspur"
-DRAFT = f"Tulips along the fence this Saturday. The shed code is {CANARY}, and"
+CANARY = "ZQX-CANARY-4417-larkspur"  # in the history: private
+DRAFT = "Tulips along the fence this Saturday. Bring gloves, and"
 
 
 @pytest.fixture()
@@ -27,6 +27,8 @@ def store() -> HistoryStore:
     for n in range(4):
         history.add(kind="note", title=f"Garden day {n}",
                     body=f"Practical bits: gloves, trowels and tea for day {n}. " * 4)
+    history.add(kind="note", title="Bulb planting day, last year",
+                body=f"The shed code was {CANARY}. Practical bits: bulbs, gloves, tea.")
     return history
 
 
@@ -37,8 +39,7 @@ def _client(model, generalist, store, frames=None) -> Client:
                   tap=tap)
 
 
-def test_the_private_prompt_ends_with_the_draft_and_the_public_one_does_not(
-        tiny_model, tiny_generalist, store) -> None:
+def test_both_prompts_end_with_the_draft(tiny_model, tiny_generalist, store) -> None:
     client = _client(tiny_model, tiny_generalist, store)
     tok = tiny_model.tokenizer
     plain_prompt, plain = client.render(TITLE, task="note")
@@ -46,8 +47,8 @@ def test_the_private_prompt_ends_with_the_draft_and_the_public_one_does_not(
     draft_ids = tok.encode(DRAFT)
     assert prompt.prefix == DRAFT == continuation_prefix(DRAFT + "  \t")
     assert list(with_draft.private_ids) == [*plain.private_ids, *draft_ids]
-    assert list(with_draft.public_ids) == list(plain.public_ids)  # the draft is private
-    assert prompt.request == plain_prompt.request
+    assert list(with_draft.public_ids) == [*plain.public_ids, *draft_ids]
+    assert prompt.request == plain_prompt.request and prompt.records == plain_prompt.records
     assert continuation_prefix("A list:\n\n") == "A list:\n\n"  # newlines are the user's text
 
 
@@ -75,19 +76,22 @@ def test_the_output_is_the_continuation_after_the_draft(tiny_model, tiny_general
     assert without.tokens != result.tokens  # the draft changed what comes next
 
 
-def test_the_draft_never_goes_up(tiny_model, tiny_generalist, store) -> None:
-    """Steered by a companion: a canary in the draft is in no uplink id list or byte, and the
-    public request (OpenSession) is the same as without a draft."""
+def test_the_draft_goes_up_and_the_history_does_not(tiny_model, tiny_generalist,
+                                                     store) -> None:
+    """Steered by a companion: the public request (OpenSession) is the request without a draft
+    followed by the draft's ids; a canary of a retrieved record is in no uplink id list or
+    byte."""
     frames: list[tuple[str, bytes]] = []
     client = _client(tiny_model, tiny_generalist, store, frames)
     result = client.generate(TITLE, task="note", prefix=DRAFT, max_new_tokens=24,
                              offline="fail")
     assert result.tokens and not result.stats.degraded
+    assert any(store.get(i).title == "Bulb planting day, last year" for i in result.stats.records)
     assert_canary_not_sent(tiny_model.tokenizer, frames, CANARY)
-    assert_canary_not_sent(tiny_model.tokenizer, frames, "Tulips along the fence")
     opened = [protocol.decode(f, protocol.Limits()) for d, f in frames if d == "up"]
     [session] = [m for m in opened if isinstance(m, protocol.OpenSession)]
-    assert list(session.prompt_ids) == list(client.render(TITLE, task="note")[1].public_ids)
+    public = client.render(TITLE, task="note")[1].public_ids
+    assert list(session.prompt_ids) == [*public, *tiny_model.tokenizer.encode(DRAFT)]
 
 
 def test_prepare_with_the_draft_is_reused_as_the_user_types_on(tiny_model, tiny_generalist,

@@ -15,8 +15,10 @@ export interface GenerateRequest {
   stop?: string[];
   offline?: string;
   before?: string | number;
-  /** the user's draft so far: the output continues it; private, never sent to the companion */
+  /** the user's draft so far: the output continues it; sent with the public request */
   prefix?: string;
+  /** at least this long between two pieces (paces a fast model's stream for reading) */
+  min_token_ms?: number;
   method?: "specsteer" | "slm" | "slm_rag" | "llm" | "speculative" | "light_costeer" | "costeer";
   max_new_tokens?: number;
   temperature?: number;

@@ -259,6 +259,7 @@ class Bridge:
             self._send(generation, "generate.mode", {
                 "mode": change.mode, "tokens": change.tokens, "reason": change.reason})
 
+        pace_s = params.get("min_token_ms", 0) / 1000
         stream = self.client.stream(params["query"], task=params.get("task", "email"),
                                     result=out, on_mode=on_mode, **options)
         try:
@@ -269,6 +270,8 @@ class Bridge:
                 self._send(generation, "generate.piece", {
                     "text": piece.text, "token": piece.token, "provenance": piece.provenance,
                     "round": piece.round})
+                if generation.cancel.wait(pace_s):  # paced for reading (min_token_ms)
+                    return
         finally:
             stream.close()  # a cancelled run stops here: the decoder's sessions are closed
         if generation.cancel.is_set():

@@ -75,7 +75,8 @@ class Task:
 
 @dataclass(frozen=True)
 class Prompt:
-    """What the device decoding loop consumes; only `request` (and `system`) may leave it."""
+    """What the device decoding loop consumes; only `request`, `system` and `prefix` (the
+    user's draft being continued) may leave it."""
 
     task: str
     request: str  # public request x: the context-free user message
@@ -90,8 +91,8 @@ class Prompt:
     examples: tuple[tuple[str, str], ...] = ()  # (request, user's text) turns, best one last
     private_request: str = ""  # the private view's last user message ("" = `request`)
     length: LengthPolicy | None = None  # the user's typical length (device only)
-    # The user's draft the output continues (`continuation_prefix` of it): it ends the private
-    # prompt, after the assistant's turn opens, and never leaves the device.
+    # The user's draft the output continues (`continuation_prefix` of it): it ends both views,
+    # after the assistant's turn opens, so it leaves the device with `request`.
     prefix: str = ""
 
     def messages(self, *, private: bool = True) -> list[dict[str, str]]:
