@@ -258,7 +258,9 @@ async function route(req, res) {
       try {
         const file = join(folder, "upload.mbox");
         writeFileSync(file, await readBody(req));
-        return json(res, { report: await importMbox(file) });
+        // the report names the user's file, not the temporary copy
+        const name = decodeURIComponent(String(req.headers["x-file-name"] || "your mailbox"));
+        return json(res, { report: (await importMbox(file)).replaceAll(file, name) });
       } finally {
         rmSync(folder, { recursive: true, force: true });
       }

@@ -70,7 +70,7 @@ def test_reply_draft_offline_and_back_then_send(browser, mail_app, tmp_path: Pat
                           f"The spare fleece is in the blue crate, {CANARY}.", "fleece@x"),
                     encoding="utf-8")
     page.set_input_files("#import", str(mbox))
-    page.wait_for_selector("#import-report >> text=1 added")
+    page.wait_for_selector("#import-report >> text=private.mbox: 1 added")
 
     page.click("#messages li >> text=Frost on plot 14")
     page.click("#reply")

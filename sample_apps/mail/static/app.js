@@ -154,7 +154,8 @@ async function importMbox() {
   $("import-report").textContent = "importing…";
   try {
     const res = await api("/api/import", { method: "POST", body: await file.arrayBuffer(),
-                                           headers: { "Content-Type": "application/mbox" } });
+                                           headers: { "Content-Type": "application/mbox",
+                                                      "X-File-Name": encodeURIComponent(file.name) } });
     $("import-report").textContent = res.report;
     await loadFolders();
   } catch (err) { $("import-report").textContent = err.message; }
