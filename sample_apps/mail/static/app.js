@@ -106,6 +106,7 @@ function startDraft() {
   $("accept").disabled = true;
   $("draft").disabled = true;
   $("cancel").hidden = false;
+  $("prepared").hidden = true;
   streamSuggestion("/api/draft", composerRequest(), state, finish);
 }
 

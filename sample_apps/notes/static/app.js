@@ -48,7 +48,7 @@ async function save() {
   state.current = note;
   $("delete").disabled = false;
   await loadNotes();
-  say("Saved · it is now part of your private history");
+  say("Saved to your private history");
   prepare();
   return note;
 }
@@ -79,6 +79,7 @@ function startContinuation() {
   $("accept").disabled = true;
   $("continue").disabled = true;
   $("cancel").hidden = false;
+  $("prepared").hidden = true;
   streamSuggestion("/api/continue", noteRequest(), state, finish);
 }
 
