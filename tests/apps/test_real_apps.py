@@ -47,8 +47,9 @@ def test_notes_continue_on_the_real_pair(browser, tmp_path: Path) -> None:
         print(f"\ncontinuation of the note on the real pair: {text!r}")
         assert len(text.split()) >= 10
         # it goes on from the note: not the title again, not the note's opening restated
+        # (naming a place the note named is fine: "Bring your gloves to the kids' corner.")
         assert not text.lstrip().startswith(("Bulb planting day", "Bulbs go in"))
-        assert "10 till 12" not in text and "kids' corner" not in text
+        assert "this Saturday, 10 till 12" not in text and "10 till 12" not in text
         # the public request holds the title and the note (the user asked for help with it),
         # not the history the model read
         request = public_request(page)
