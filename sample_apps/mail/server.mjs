@@ -3,12 +3,14 @@
 //
 //   node sample_apps/mail/server.mjs [--port 8400] [--real] [--companion ws://HOST:PORT]
 //                                    [--no-companion] [--history PATH] [--python PATH]
+//                                    [--max-new-tokens N] [--min-token-ms MS]
 //
 // Without --companion it starts one (sample_apps/companion.py: tiny models, or the Qwen pair
 // with --real). The history store starts with the persona's sent mail; the inbox is
 // sample_apps/data/inbox.json. Routes: GET /api/inbox, /api/sent, /api/status, /api/frames,
-// /api/settings, /api/draft (server-sent events); POST /api/send, /api/cancel, /api/import,
-// /api/settings. Binds to 127.0.0.1 only.
+// /api/settings; POST /api/prepare (the composer while the user types: retrieve and prefill),
+// /api/draft (the same body; answered with server-sent events), /api/send, /api/cancel,
+// /api/import, /api/settings. Binds to 127.0.0.1 only.
 import { spawn, execFile } from "node:child_process";
 import { randomBytes } from "node:crypto";
 import { createServer, get as httpGet } from "node:http";
@@ -41,6 +43,7 @@ const { values: opts } = parseArgs({
     history: { type: "string", default: "" },
     python: { type: "string", default: process.env.SPECSTEER_PYTHON || "python3" },
     "max-new-tokens": { type: "string", default: "" },
+    "min-token-ms": { type: "string", default: "" },
   },
 });
 
@@ -49,6 +52,8 @@ const historyPath = opts.history || join(specsteerHome, "apps", "mail.db");
 const inbox = JSON.parse(readFileSync(join(DATA, "inbox.json"), "utf8"));
 const settings = { companion: opts.companion, token: opts.token, preset: opts.preset };
 const maxNewTokens = Number(opts["max-new-tokens"]) || (opts.real ? 160 : 200);
+// paces the stream for reading: the tiny models write far faster than anyone reads
+const minTokenMs = opts["min-token-ms"] !== "" ? Number(opts["min-token-ms"]) : (opts.real ? 0 : 25);
 const state = { client: null, specialist: "", frames: [], mode: "unknown", reason: "",
                 generation: null, launcher: null };
 
@@ -138,29 +143,44 @@ async function status() {
 }
 
 // ------------------------------------------------------------------ drafting
-async function draft(req, res, params) {
+// The request for the composer's state: a reply to an inbox message (task `reply`) or a new
+// message (task `email`), continuing what the user has written so far (`prefix`: it stays on
+// this device — the bridge ends the on-device model's prompt with it and never sends it).
+function draftRequest(composer) {
+  const message = inbox.find((m) => m.id === composer.reply_to);
+  const request = message
+    ? { task: "reply", query: { message: message.body, subject: message.subject, to: message.from } }
+    : { task: "email", query: { subject: String(composer.subject || "") || "(no subject)", to: String(composer.to || "") } };
+  return { ...request, prefix: String(composer.body || "") };
+}
+
+async function prepare(composer) {
+  // debounced by the page while the user types; the next draft reuses the prefilled prompt
+  if (state.generation) return { prefilling: false, reason: "a draft is being written" };
+  return state.client.prepare(draftRequest(composer));
+}
+
+async function draft(res, composer) {
   res.writeHead(200, { "Content-Type": "text/event-stream", "Cache-Control": "no-store",
                        Connection: "close" });
   const send = (event, data) => res.write(`event: ${event}\ndata: ${JSON.stringify(data)}\n\n`);
   if (state.generation) return send("failed", { error: "a draft is already being written" }), res.end();
-  const message = inbox.find((m) => m.id === params.get("reply_to"));
-  const request = message
-    ? { task: "reply", query: { message: message.body, subject: message.subject, to: message.from } }
-    : { task: "email", query: { subject: params.get("subject") || "(no subject)", to: params.get("to") || "" } };
   const controller = new AbortController();
   state.generation = { send, controller };
-  req.on("close", () => controller.abort());
+  res.on("close", () => { if (!res.writableFinished) controller.abort(); }); // the page went away
   if (settings.companion) { state.mode = "collaborative"; state.reason = ""; }
   send("mode", { mode: settings.companion ? state.mode : "local", reason: state.reason });
   try {
     const generation = state.client.generate(
-      { ...request, preset: settings.preset, max_new_tokens: maxNewTokens },
+      { ...draftRequest(composer), preset: settings.preset, max_new_tokens: maxNewTokens,
+        min_token_ms: minTokenMs },
       { signal: controller.signal });
     for await (const piece of generation) send("piece", piece);
     const result = await generation.result;
     const s = result.stats;
     send("done", { tokens: s.tokens, acceptance_rate: s.acceptance_rate, bytes_up: s.bytes_up,
-                   bytes_down: s.bytes_down, degraded: s.degraded, reconnects: s.reconnects });
+                   bytes_down: s.bytes_down, degraded: s.degraded, reconnects: s.reconnects,
+                   prefill_reused: s.prefill_reused, prefill_tokens: s.prefill_tokens });
   } catch (error) {
     send(error.name === "AbortError" ? "cancelled" : "failed", { error: error.message });
   } finally {
@@ -213,9 +233,12 @@ async function route(req, res) {
     if (path === "/api/frames") return json(res, state.frames.slice(Number(url.searchParams.get("since") || 0)));
     if (path === "/api/status") return json(res, await status());
     if (path === "/api/settings") return json(res, { ...settings, presets: PRESETS });
-    if (path === "/api/draft") return draft(req, res, url.searchParams);
   }
   if (req.method === "POST") {
+    if (path === "/api/draft" || path === "/api/prepare") {
+      const composer = JSON.parse((await readBody(req, 1 << 20)).toString("utf8") || "{}");
+      return path === "/api/draft" ? draft(res, composer) : json(res, await prepare(composer));
+    }
     if (path === "/api/cancel") {
       const running = !!state.generation;
       state.generation?.controller.abort();
@@ -235,7 +258,9 @@ async function route(req, res) {
       try {
         const file = join(folder, "upload.mbox");
         writeFileSync(file, await readBody(req));
-        return json(res, { report: await importMbox(file) });
+        // the report names the user's file, not the temporary copy
+        const name = decodeURIComponent(String(req.headers["x-file-name"] || "your mailbox"));
+        return json(res, { report: (await importMbox(file)).replaceAll(file, name) });
       } finally {
         rmSync(folder, { recursive: true, force: true });
       }

@@ -85,6 +85,7 @@ def main(argv: list[str] | None = None) -> None:
         pass
     finally:
         server.server_close()
+        engine.close()
         if proc is not None:
             proc.terminate()
             proc.wait(10)

@@ -1,11 +1,13 @@
 """The notes app's engine: notes in the history store, continuations, the link audit, the badge.
 
 Owns one `specsteer.Client` and everything the page asks of it: notes are `note` records of the
-history store itself (saving writes the record, deleting forgets it), a continuation streams
-`Client.stream` pieces for the note's title while the Specialist reads the user's private notes
-and sent mail, every frame the Client sends or receives is kept decoded for the "what left this
-device" panel, and the companion's reachability feeds the online/offline badge. No HTTP here
-(`server.py`), no models chosen here (`app.py`).
+history store itself (saving writes the record, deleting forgets it); a continuation streams
+`Client.stream` pieces that continue the note's text (`prefix`: the note stays on the device, as
+the rest of the user's notes and sent mail the Specialist reads); `prepare` retrieves and
+prefills that request while the user types, so the continuation starts from a prefilled prompt;
+every frame the Client sends or receives is kept decoded for the "what left this device" panel,
+and the companion's reachability feeds the online/offline badge. No HTTP here (`server.py`), no
+models chosen here (`app.py`).
 """
 
 from __future__ import annotations
@@ -61,6 +63,10 @@ class NotesEngine:
         self._frames_lock = threading.Lock()
         self._running = threading.Lock()
         self._cancel = threading.Event()
+        # one Client, kept while the link settings stay the same: it holds the prepared prefill
+        self._client_lock = threading.Lock()
+        self._client_for: tuple[str, str] | None = None
+        self._client_obj: Client | None = None
 
     # -- notes: records of the history store -------------------------------------------------
     def notes(self, query: str = "") -> list[dict[str, Any]]:
@@ -134,13 +140,38 @@ class NotesEngine:
         return running
 
     def _client(self) -> Client:
-        return Client(self.specialist, history=self.store,
-                      companion=self.settings.companion or None, token=self.settings.token,
-                      timeout_s=self.reply_timeout_s, connect_timeout_s=2.0, tap=self._tap)
+        """The Client for the current companion and token (a new one when they change)."""
+        key = (self.settings.companion, self.settings.token)
+        with self._client_lock:
+            if self._client_obj is None or self._client_for != key:
+                if self._client_obj is not None:
+                    self._client_obj.close()
+                self._client_obj = Client(
+                    self.specialist, history=self.store, companion=key[0] or None, token=key[1],
+                    timeout_s=self.reply_timeout_s, connect_timeout_s=2.0, tap=self._tap)
+                self._client_for = key
+            return self._client_obj
 
-    def continue_note(self, title: str, emit: Emit) -> None:
-        """Stream a continuation for the note titled `title` through `emit(event, data)`:
-        `mode`, `piece` (text, provenance, token), then `done` (stats) or `cancelled`."""
+    @staticmethod
+    def _request(title: str, body: str, note_id: str | None) -> dict[str, Any]:
+        """The continuation request of a note: its title is the (public) topic, its text the
+        (private) draft to continue; the note's own record is not retrieved as an example."""
+        return {"query": {"topic": title.strip() or "a new note"}, "task": "note",
+                "prefix": body, "exclude": (note_id,) if note_id else ()}
+
+    def prepare(self, title: str, body: str, note_id: str | None = None) -> dict[str, Any]:
+        """Retrieve and prefill the continuation of the note being typed (debounced by the
+        page); the continuation asked for next reuses it. Skipped while one is running."""
+        if self._running.locked():
+            return {"prefilling": False, "reason": "a continuation is running"}
+        request = self._request(title, body, note_id)
+        self._client().prepare(request.pop("query"), **request)
+        return {"prefilling": True}
+
+    def continue_note(self, title: str, body: str, note_id: str | None, emit: Emit) -> None:
+        """Stream the continuation of the note being written (`body`; `note_id` if it is
+        saved) through `emit(event, data)`: `mode`, `piece` (text, provenance, token), then
+        `done` (stats) or `cancelled`."""
         if not self._running.acquire(blocking=False):
             raise Busy("a continuation is already running; cancel it first")
         try:
@@ -154,10 +185,11 @@ class NotesEngine:
                 self.mode, self.mode_reason = "collaborative", ""
             emit("mode", {"mode": self.mode, "reason": self.mode_reason})
             out: list[Result] = []
+            request = self._request(title, body, note_id)
             stream = self._client().stream(
-                {"topic": title or "a new note"}, task="note", preset=self.settings.preset,
+                request.pop("query"), preset=self.settings.preset,
                 max_new_tokens=self.max_new_tokens, offline=self.policy, on_mode=on_mode,
-                result=out)
+                result=out, **request)
             try:
                 for piece in stream:
                     emit("piece", {"text": piece.text, "provenance": piece.provenance,
@@ -171,6 +203,14 @@ class NotesEngine:
             emit("done", {"tokens": stats.tokens, "acceptance_rate": stats.acceptance_rate,
                           "tokens_per_s": stats.tokens_per_s, "bytes_up": stats.bytes_up,
                           "bytes_down": stats.bytes_down, "degraded": stats.degraded,
-                          "reconnects": stats.reconnects, "records": list(stats.records)})
+                          "reconnects": stats.reconnects, "records": list(stats.records),
+                          "prefill_reused": stats.prefill_reused,
+                          "prefill_tokens": stats.prefill_tokens})
         finally:
             self._running.release()
+
+    def close(self) -> None:
+        with self._client_lock:
+            if self._client_obj is not None:
+                self._client_obj.close()
+                self._client_obj = None

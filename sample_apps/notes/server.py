@@ -3,9 +3,11 @@ continuation as server-sent events.
 
 Routes: `GET /` and `/static/*` (the page, no build step); `GET /api/notes?q=` (list or search),
 `POST /api/notes` (save `{id?, title, body}`), `DELETE /api/notes/ID` (forget);
-`GET /api/continue?title=` (text/event-stream of `mode`, `piece`, `done` | `cancelled` | `failed`
-events), `POST /api/cancel`; `GET /api/frames?since=N` (the link audit); `GET /api/status` (the
-badge); `GET|POST /api/settings` (companion URL, token, preset). Binds to loopback only: the app
+`POST /api/prepare` (`{id?, title, body}`: the note in the editor, while the user types: retrieve
+and prefill its continuation), `POST /api/continue` (the same body; the answer is a
+text/event-stream of `mode`, `piece`, `done` | `cancelled` | `failed` events), `POST /api/cancel`;
+`GET /api/frames?since=N` (the link audit); `GET /api/status` (the badge); `GET|POST
+/api/settings` (companion URL, token, preset). Binds to loopback only: the app
 is for the person at this machine.
 """
 
@@ -79,8 +81,6 @@ class NotesHandler(BaseHTTPRequestHandler):
             return self._json(self.engine.status())
         if path == "/api/settings":
             return self._json({**vars(self.engine.settings), "presets": PRESETS})
-        if path == "/api/continue":
-            return self._continue(query.get("title", ""))
         self._error(HTTPStatus.NOT_FOUND, f"no such page: {path}")
 
     def do_POST(self) -> None:  # noqa: N802
@@ -91,6 +91,11 @@ class NotesHandler(BaseHTTPRequestHandler):
                 note = self.engine.save(str(body.get("title", "")), str(body.get("body", "")),
                                         body.get("id") or None)
                 return self._json(note)
+            note = (str(body.get("title", "")), str(body.get("body", "")), body.get("id") or None)
+            if path == "/api/continue":
+                return self._continue(*note)
+            if path == "/api/prepare":
+                return self._json(self.engine.prepare(*note))
             if path == "/api/cancel":
                 return self._json({"cancelled": self.engine.cancel()})
             if path == "/api/settings":
@@ -132,7 +137,7 @@ class NotesHandler(BaseHTTPRequestHandler):
         settings.token = str(body.get("token", settings.token))
         return settings
 
-    def _continue(self, title: str) -> None:
+    def _continue(self, title: str, body: str, note_id: str | None) -> None:
         self.send_response(HTTPStatus.OK)
         self.send_header("Content-Type", "text/event-stream")
         self.send_header("Cache-Control", "no-store")
@@ -147,7 +152,7 @@ class NotesHandler(BaseHTTPRequestHandler):
                 self.wfile.flush()
 
         try:
-            self.engine.continue_note(title, emit)
+            self.engine.continue_note(title, body, note_id, emit)
         except (BrokenPipeError, ConnectionResetError):
             self.engine.cancel()  # the page went away
         except (Busy, SpecSteerError, ValueError) as exc:

@@ -80,36 +80,58 @@ function tokenSpan(text, provenance) {
   return span;
 }
 
-// Stream a suggestion from the app's server-sent events into #suggestion-text: pieces coloured
-// by provenance, a line where the link was lost or came back, and `finish(summary)` at the end.
-function streamSuggestion(url, state, finish) {
-  const es = new EventSource(url);
-  state.stream = es;
-  es.addEventListener("piece", (e) => {
-    const p = JSON.parse(e.data);
-    $("suggestion-text").appendChild(tokenSpan(p.text, p.provenance));
-    $("suggestion").scrollTop = $("suggestion").scrollHeight;
-  });
-  es.addEventListener("mode", (e) => {
-    const m = JSON.parse(e.data);
-    setBadge($("badge"), m.mode, m.reason);
-    if ($("suggestion-text").childNodes.length) {
+// Stream a suggestion into #suggestion-text: POST `request` (JSON) to `url`, whose answer is a
+// server-sent event stream; pieces coloured by provenance, a line where the link was lost or
+// came back, and `finish(summary)` at the end. (A POST, not an EventSource: the request carries
+// the user's draft, which may be longer than a URL.)
+function streamSuggestion(url, request, state, finish) {
+  const controller = new AbortController();
+  state.stream = { close: () => controller.abort() };
+  const on = {
+    piece(p) {
+      $("suggestion-text").appendChild(tokenSpan(p.text, p.provenance));
+      $("suggestion").scrollTop = $("suggestion").scrollHeight;
+    },
+    mode(m) {
+      setBadge($("badge"), m.mode, m.reason);
+      if (!$("suggestion-text").childNodes.length) return;
       const line = document.createElement("span");
       line.className = "modeline";
       line.textContent = m.mode === "local" ? `— companion lost (${m.reason}); the on-device model goes on —`
         : "— companion back; steering resumes —";
       $("suggestion-text").appendChild(line);
+    },
+    done(s) {
+      const ready = s.prefill_reused
+        ? ` · ${s.prefill_reused} of ${s.prefill_reused + s.prefill_tokens} prompt tokens prefilled before you asked` : "";
+      finish(`${s.tokens} tokens · ${(s.acceptance_rate * 100).toFixed(0)}% drafts accepted · ${s.bytes_up + s.bytes_down} bytes on the wire`
+        + (s.degraded ? " · partly offline" : "") + ready);
+    },
+    cancelled() { finish("cancelled"); },
+    failed(e) { finish(`failed: ${e.error}`); },
+  };
+  (async () => {
+    const res = await fetch(url, { method: "POST", headers: { "Content-Type": "application/json" },
+                                   body: JSON.stringify(request), signal: controller.signal });
+    if (!res.ok) throw new Error((await res.json().catch(() => ({}))).error || res.statusText);
+    const reader = res.body.pipeThrough(new TextDecoderStream()).getReader();
+    let buffer = "";
+    for (;;) {
+      const { value, done } = await reader.read();
+      if (done) break;
+      buffer += value;
+      for (let end = buffer.indexOf("\n\n"); end >= 0; end = buffer.indexOf("\n\n")) {
+        const block = buffer.slice(0, end);
+        buffer = buffer.slice(end + 2);
+        const event = /^event: (.*)$/m.exec(block);
+        const data = /^data: (.*)$/m.exec(block);
+        if (event && data && on[event[1]]) on[event[1]](JSON.parse(data[1]));
+      }
     }
+    if (state.generating) finish("connection to the app lost");
+  })().catch((err) => {
+    if (state.generating) finish(err.name === "AbortError" ? "cancelled" : `failed: ${err.message}`);
   });
-  es.addEventListener("done", (e) => {
-    const s = JSON.parse(e.data);
-    finish(`${s.tokens} tokens · ${(s.acceptance_rate * 100).toFixed(0)}% drafts accepted · ${s.bytes_up + s.bytes_down} bytes on the wire`
-      + (s.degraded ? " · partly offline" : ""));
-  });
-  es.addEventListener("cancelled", () => finish("cancelled"));
-  es.addEventListener("failed", (e) => finish(`failed: ${JSON.parse(e.data).error}`));
-  es.onerror = () => { if (state.generating) finish("connection to the app lost"); };
-  return es;
 }
 
 async function api(path, options = {}) {

@@ -12,7 +12,7 @@ import logging
 import ssl
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -29,7 +29,7 @@ from specsteer.device import (
 )
 from specsteer.device.rounds import first_draft, first_draft_key
 from specsteer.errors import CompanionConfigError, CompanionUnavailable, GenerationCancelled
-from specsteer.history import HistoryStore, Prompt, build_prompt, retrieve
+from specsteer.history import HistoryStore, Prompt, build_prompt, continuation_prefix, retrieve
 from specsteer.link import CompanionLink, FrameChannel, FrameTap, LinkStats
 from specsteer.prepared import KeptSessions, KeptTracks, OpeningSession
 from specsteer.runtime import load_model
@@ -192,20 +192,32 @@ class Client:
 
     # -- prompts ---------------------------------------------------------------------------
     def render(self, query: Mapping[str, Any] | str, *, task: str = "email",
-               before: str | None = None) -> tuple[Prompt, DevicePrompt]:
-        """Retrieve the private context and render both views of the request."""
-        hits = retrieve(self.history, task, query, self.retrieve_k, before=before) \
-            if self.history is not None and self.retrieve_k > 0 else []
+               before: str | None = None, prefix: str = "",
+               exclude: Collection[str] = ()) -> tuple[Prompt, DevicePrompt]:
+        """Retrieve the private context and render both views of the request.
+
+        prefix: the user's draft to continue (see `stream`): it ends both views.
+        exclude: record ids not to retrieve (the record being continued).
+        """
+        hits = retrieve(self.history, task, query, self.retrieve_k, before=before,
+                        exclude=exclude) if self.history is not None and self.retrieve_k > 0 else []
         tok = self.specialist.tokenizer
         prompt = build_prompt(task, query, hits, count_tokens=tok.count,
                               max_prompt_tokens=self.max_prompt_tokens)
         private_ids, public_ids = (
             tok.chat_ids([Message(m["role"], m["content"]) for m in prompt.messages(private=p)])
             for p in (True, False))
+        if prefix := continuation_prefix(prefix):
+            # the assistant's turn is open and the draft follows it, in both views: the
+            # companion must read the text it helps continue (the history stays private)
+            prompt = replace(prompt, prefix=prefix)
+            prefix_ids = tok.encode(prefix)
+            private_ids, public_ids = [*private_ids, *prefix_ids], [*public_ids, *prefix_ids]
         return prompt, DevicePrompt(private_ids=private_ids, public_ids=public_ids)
 
     def prepare(self, query: Mapping[str, Any] | str, *, task: str = "email",
-                before: str | None = None, preset: str | None = None,
+                before: str | None = None, prefix: str = "",
+                exclude: Collection[str] = (), preset: str | None = None,
                 settings: Params | None = None, user_length: bool = True,
                 **params: Any) -> Prepared:
         """Retrieve and prefill a request ahead of time (while the user is still typing).
@@ -225,8 +237,9 @@ class Client:
         prompt or settings differ replaces that session on the same connection; one whose
         private prompt or draft settings differ drafts again.
         """
-        prompt, device_prompt = self.render(query, task=task, before=before)
-        options = _fit_length(_settings(preset, settings, params), prompt, user_length)
+        prompt, device_prompt = self.render(query, task=task, before=before, prefix=prefix,
+                                            exclude=exclude)
+        options = self._fit_length(_settings(preset, settings, params), prompt, user_length)
         key = first_draft_key(options) if self.companion is not None else None
         eos = self.specialist.tokenizer.eos_ids
         then = None if key is None else \
@@ -243,6 +256,17 @@ class Client:
         """Free the kept prefill states (their KV caches) and close prepared sessions."""
         self._kept.close()
         self._sessions.close()
+
+    def _fit_length(self, settings: Params, prompt: Prompt, user_length: bool) -> Params:
+        """With `user_length`, the user's usual length for the task within the request's
+        budget; a draft being continued already holds part of it (its tokens count)."""
+        if not user_length or prompt.length is None:
+            return settings
+        low, high = prompt.length.clamp(settings.max_new_tokens)
+        if prompt.prefix:
+            low = max(0, low - self.specialist.tokenizer.count(prompt.prefix))
+        return replace(settings, min_new_tokens=max(settings.min_new_tokens, low),
+                       max_new_tokens=high)
 
     # -- companion -------------------------------------------------------------------------
     def _connect(self, stats: LinkStats | None = None,
@@ -285,7 +309,8 @@ class Client:
                before: str | None = None, result: list[Result] | None = None,
                on_mode: Callable[[ModeChange], None] | None = None,
                settings: Params | None = None, user_length: bool = True,
-               cancel: threading.Event | None = None,
+               cancel: threading.Event | None = None, prefix: str = "",
+               exclude: Collection[str] = (),
                **params: Any) -> Iterator[Piece]:
         """Yield text pieces as tokens are decided.
 
@@ -303,12 +328,22 @@ class Client:
         prefill pass (~0.1 s each), or within 50 ms of a wait for the companion (a verdict is
         not waited for); the stream ends, the companion session is closed (off the caller's
         time) and `stats.cancelled` is set.
+
+        prefix: the user's draft so far, to be continued: both prompts end with it (the
+        assistant's turn already begun) and the pieces are what comes after it — after
+        `continuation_prefix(prefix)`, the draft without trailing spaces or tabs. It is part of
+        the public request: the user asks for help with this text, and a Generalist that did not
+        read it steers the output back to a fresh start (measured: docs/apps.md). The history
+        stays private as always. The user's length counts it: the minimum of new tokens is
+        lowered by its length. `exclude`: record ids not to retrieve (the draft's own record, if
+        it is stored: its text is already the prefix).
         """
         policy = OfflinePolicy.parse(offline)
         settings = _settings(preset, settings, params)
         started = time.perf_counter()
-        prompt, device_prompt = self.render(query, task=task, before=before)
-        settings = _fit_length(settings, prompt, user_length)
+        prompt, device_prompt = self.render(query, task=task, before=before, prefix=prefix,
+                                            exclude=exclude)
+        settings = self._fit_length(settings, prompt, user_length)
         retrieval_s = time.perf_counter() - started
         link_stats = LinkStats()
         # the session `prepare` is opening, first: a prefill it started goes on meanwhile
@@ -424,15 +459,6 @@ def _check_token_transport(url: str, allow_insecure: bool) -> None:
         )
     log.warning("sending the device token over unencrypted ws:// to %s (allow_insecure=True)",
                 host)
-
-
-def _fit_length(settings: Params, prompt: Prompt, user_length: bool) -> Params:
-    """With `user_length`, the user's usual length for the task within the request's budget."""
-    if not user_length or prompt.length is None:
-        return settings
-    low, high = prompt.length.clamp(settings.max_new_tokens)
-    return replace(settings, min_new_tokens=max(settings.min_new_tokens, low),
-                   max_new_tokens=high)
 
 
 def _settings(preset: str | None, settings: Params | None, params: Mapping[str, Any]) -> Params:

@@ -34,3 +34,12 @@ def screenshot(page: object, name: str) -> None:
     if folder:
         Path(folder).mkdir(parents=True, exist_ok=True)
         page.screenshot(path=str(Path(folder) / name))  # type: ignore[attr-defined]
+
+
+def public_request(page: object) -> str:
+    """The text of the first OpenSession frame in the privacy panel (the public request), put
+    back together from its token spans (`ID "text"`, spaces shown as · and newlines as ⏎)."""
+    frame = page.locator("#frames li", has_text="OpenSession").first  # type: ignore[attr-defined]
+    spans = frame.locator(".ids span")
+    text = "".join(span.split(" ", 1)[1][1:-1] for span in spans.all_inner_texts())
+    return text.replace("·", " ").replace("⏎", "\n")

@@ -1,10 +1,13 @@
 """The mail app (Node server on bindings/node, the bridge with --audit-frames) in a real browser
-on tiny models: inbox, draft a reply in the user's voice, lose the companion (offline badge,
-local tokens), get it back, send (into the history), import an mbox, and a privacy panel that
-never shows the private history."""
+on tiny models: inbox, a reply draft prepared while typing that continues the user's text, lose
+the companion mid-draft (offline badge, local tokens) and get it back (steering resumes in the
+same draft), send (into the history), import an mbox, and a privacy panel whose public request
+holds the user's text and never the private history."""
 
 from __future__ import annotations
 
+import json
+import re
 import shutil
 import subprocess
 import sys
@@ -12,14 +15,14 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from apps_helpers import REPO, screenshot, start_app
+from apps_helpers import REPO, public_request, screenshot, start_app
 from ci import skip_or_fail
 
-from specsteer.history import HistoryStore
-from specsteer_companion.proxy import Faults
+from specsteer.history import HistoryStore, retrieve
 
 COLLAB = ", ".join(f"#suggestion-text .tok.{p}" for p in ("draft", "recovered", "bonus"))
-CANARY = "Quillwort-canary-2468"
+CANARY = "Quillwort-canary-2468"  # in the history: private
+DRAFT = "Thanks Priya, the salad will be fine under fleece tonight, and"
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +41,8 @@ def mail_app(node_client_built, companion_behind_proxy, tmp_path: Path) -> Itera
     history = tmp_path / "mail.db"
     proc, url = start_app(
         ["node", str(REPO / "sample_apps" / "mail" / "server.mjs"), "--port", "0",
-         "--companion", companion_behind_proxy.url, "--history", str(history)],
+         "--companion", companion_behind_proxy.url, "--history", str(history),
+         "--min-token-ms", "40"],
         "SpecSteer Mail on", env={"SPECSTEER_PYTHON": sys.executable})
     try:
         yield url, companion_behind_proxy, history
@@ -47,60 +51,95 @@ def mail_app(node_client_built, companion_behind_proxy, tmp_path: Path) -> Itera
         proc.wait(10)
 
 
-@pytest.fixture()
-def companion_behind_proxy(companion_behind_proxy):  # noqa: ANN001, ANN201
-    # mail streams as fast as the bridge writes: a slower link keeps the draft going long
-    # enough to cut it in the middle
-    companion_behind_proxy.proxy.faults = Faults(delay_s=0.03)
-    return companion_behind_proxy
+def _mbox(subject: str, body: str, message_id: str) -> str:
+    return (f"From me@example.org Mon Jan  1 00:00:00 2024\nFrom: Me <me@example.org>\n"
+            f"To: You <you@example.org>\nSubject: {subject}\n"
+            f"Date: Mon, 01 Jan 2024 10:00:00 +0000\nMessage-ID: <{message_id}>\n\n{body}\n\n")
 
 
-def test_reply_draft_offline_and_back_then_send(browser, mail_app) -> None:
+def test_reply_draft_offline_and_back_then_send(browser, mail_app, tmp_path: Path) -> None:
     url, proxy, history = mail_app
     page = browser.new_page(viewport={"width": 1440, "height": 860})
     page.goto(url)
     page.wait_for_selector("#messages li >> text=Frost on plot 14")
     assert page.locator("#messages li").count() == 7
     page.wait_for_selector("#badge.online")
+    # a private mail of the user's that the reply below retrieves as context
+    mbox = tmp_path / "private.mbox"
+    mbox.write_text(_mbox("Fleece for the winter salads",
+                          f"The spare fleece is in the blue crate, {CANARY}.", "fleece@x"),
+                    encoding="utf-8")
+    page.set_input_files("#import", str(mbox))
+    page.wait_for_selector("#import-report >> text=private.mbox: 1 added")
+
     page.click("#messages li >> text=Frost on plot 14")
     page.click("#reply")
     assert page.input_value("#c-subject") == "Re: Frost on plot 14"
+    # the user starts the reply; a pause in typing prepares the draft that continues it
+    page.fill("#c-body", DRAFT)
+    page.wait_for_selector("#prepared:visible")
+    message = next(m for m in json.loads((REPO / "sample_apps/data/inbox.json").read_text())
+                   if m["subject"] == "Frost on plot 14")
+    with HistoryStore(history, read_only=True) as store:
+        hits = retrieve(store, "reply", {"message": message["body"],
+                                         "subject": message["subject"]}, 5)
+    assert "Fleece for the winter salads" in [hit.record.title for hit in hits]
 
     page.click("#privacy-toggle")
     page.click("#draft")
     page.wait_for_function(f"document.querySelectorAll('{COLLAB}').length >= 8")
     screenshot(page, "mail-draft.png")
+    # the companion goes away mid-draft: offline badge, the on-device model goes on
     proxy.set_online(False)
     page.wait_for_selector("#suggestion-text .tok.local")
     page.wait_for_selector("#badge.offline")
-    page.wait_for_selector("#draft:enabled", timeout=60000)
     screenshot(page, "mail-offline.png")
-
-    # back online: the badge says so and the next draft is steered again
+    # it comes back: the bridge reconnects and steering resumes in the same draft
     proxy.set_online(True)
-    page.wait_for_selector("#badge.online", timeout=15000)
+    page.wait_for_function(
+        "(() => { const t = [...document.querySelectorAll('#suggestion-text .tok')];"
+        " const i = t.findIndex(s => s.dataset.provenance === 'local');"
+        " return i >= 0 && t.slice(i).some(s => s.dataset.provenance !== 'local'); })()",
+        timeout=20000)
+    page.wait_for_selector("#badge.online")
+    screenshot(page, "mail-resumed.png")
+    page.wait_for_selector("#draft:enabled", timeout=60000)
+    # the draft started from the prompt prepared while typing (all but its last tokens)
+    done = page.inner_text("#suggestion-state")
+    assert "partly offline" in done, done
+    prefilled = re.search(r"(\d+) of (\d+) prompt tokens prefilled", done)
+    assert prefilled, done
+    reused, total = map(int, prefilled.groups())
+    assert total - 3 <= reused < total, done
+
+    # cancel a second draft; use what it wrote: it follows the user's text
     page.click("#discard")
     page.click("#draft")
     page.wait_for_function(f"document.querySelectorAll('{COLLAB}').length >= 3")
     page.click("#cancel")
     page.wait_for_selector("#suggestion-state >> text=cancelled")
+    suggestion = "".join(page.locator("#suggestion-text .tok").all_text_contents())
     page.click("#accept")
     drafted = page.input_value("#c-body")
-    assert drafted
+    assert drafted == DRAFT + suggestion
 
-    page.fill("#c-body", drafted + f"\n\n{CANARY}\nDirt under the nails,\nWren")
+    page.fill("#c-body", drafted + "\n\nDirt under the nails,\nWren")
     page.click("#send")
     page.wait_for_selector("#folder-sent.active")
     page.wait_for_selector("#messages li >> text=Re: Frost on plot 14")
     with HistoryStore(history, read_only=True) as store:
         sent = [r for r in store.list(kind="email", limit=100) if r.title == "Re: Frost on plot 14"]
-    assert sent and CANARY in sent[0].body and sent[0].meta["to"].startswith("Priya")
+    assert sent and sent[0].body.startswith(DRAFT) and sent[0].meta["to"].startswith("Priya")
 
+    # the privacy panel: the public request holds the message answered and the user's text
+    # (they asked for help with it), and nothing of the history the model read
     page.wait_for_function("document.querySelectorAll('#frames li').length > 10")
     panel = page.inner_text("#frames")
-    assert "OpenSession" in panel and "Draft" in panel
-    for private in (CANARY, "Dirt under the nails", "envelopes", "Practical bits"):
-        assert private not in panel
+    assert "OpenSession" in panel and "Draft" in panel and "Resume" in panel
+    request = public_request(page)
+    assert "Frost on plot 14" in request and request.endswith(DRAFT)
+    for private in (CANARY, "blue crate", "Dirt under the nails", "envelopes", "Practical bits"):
+        assert private not in panel and private not in request
     screenshot(page, "mail-privacy.png")
     page.close()
 
@@ -108,11 +147,8 @@ def test_reply_draft_offline_and_back_then_send(browser, mail_app) -> None:
 def test_import_my_mbox(browser, mail_app, tmp_path: Path) -> None:
     url, _, history = mail_app
     mbox = tmp_path / "mine.mbox"
-    mbox.write_text(
-        "From someone@example.org Mon Jan  1 00:00:00 2024\n"
-        "From: Me <me@example.org>\nTo: You <you@example.org>\nSubject: Old news\n"
-        "Date: Mon, 01 Jan 2024 10:00:00 +0000\nMessage-ID: <old-news@example.org>\n\n"
-        f"An old message of mine. {CANARY}\n\n", encoding="utf-8")
+    mbox.write_text(_mbox("Old news", f"An old message of mine. {CANARY}",
+                          "old-news@example.org"), encoding="utf-8")
     page = browser.new_page()
     page.goto(url)
     page.wait_for_selector("#messages li")

@@ -1,18 +1,21 @@
-"""The notes app in a real browser on tiny models: write, continue with provenance colours, lose
-the companion (offline badge, local tokens), get it back (resume), and a privacy panel that
-never shows the private history."""
+"""The notes app in a real browser on tiny models: write (the continuation is prepared while
+typing), continue the note with provenance colours, lose the companion (offline badge, local
+tokens), get it back (resume), and a privacy panel whose public request holds the note being
+continued and never the private history."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from apps_helpers import python_app, screenshot, start_app
+from apps_helpers import public_request, python_app, screenshot, start_app
 
-from specsteer.history import HistoryStore
+from specsteer.history import HistoryStore, retrieve
 
-CANARY = "Marigold-canary-7731 under the blue bench"
+CANARY = "Marigold-canary-7731 under the blue bench"  # in the history: private
+DRAFT = "Tulips along the fence this Saturday, the kids plant the front row."
 COLLAB = ", ".join(f"#suggestion-text .tok.{p}" for p in ("draft", "recovered", "bonus"))
 
 
@@ -37,15 +40,28 @@ def test_write_continue_lose_and_regain_the_companion(browser, notes_app) -> Non
     page.wait_for_selector("#note-list li")
     page.wait_for_selector("#badge.online")
 
+    # an earlier note, saved: private history the continuation below retrieves
+    page.click("#new-note")
+    page.fill("#title", "Bulb order")
+    page.fill("#body", f"Bulbs ordered from the co-op. {CANARY}.")
+    page.click("#save")
+    page.wait_for_selector("#note-list li.active >> text=Bulb order")
+
     # write a note: it is saved into the history store
     page.click("#new-note")
     page.fill("#title", "Bulb planting day")
-    page.fill("#body", f"Tulips along the fence this Saturday. {CANARY}.")
+    page.fill("#body", f"{DRAFT} Bring")
+    # a pause in typing prepares the continuation on the device (retrieval and prefill)
+    page.wait_for_selector("#prepared:visible")
     page.click("#save")
     page.wait_for_selector("#note-list li.active >> text=Bulb planting day")
+    page.wait_for_selector("#prepared:visible")  # prepared again: the history changed
     with HistoryStore(history, read_only=True) as store:
         saved = [r for r in store.list(kind="note") if r.title == "Bulb planting day"]
-    assert saved and CANARY in saved[0].body
+    assert saved and saved[0].body == f"{DRAFT} Bring"
+    with HistoryStore(history, read_only=True) as store:
+        retrieved = retrieve(store, "note", "Bulb planting day", 5, exclude=[saved[0].id])
+    assert "Bulb order" in [hit.record.title for hit in retrieved]  # the canary is context
 
     # continue in my voice: provenance-coloured tokens stream in while the companion steers
     page.click("#privacy-toggle")
@@ -73,20 +89,31 @@ def test_write_continue_lose_and_regain_the_companion(browser, notes_app) -> Non
     page.wait_for_selector("#badge.online")
     page.wait_for_selector("#cancel", state="hidden", timeout=60000)
     assert page.locator("#accept").is_enabled()
+    # the continuation started from the prompt prepared while typing: all of it but the last
+    # tokens (the generation itself runs the last one) was prefilled before the click
+    done = page.inner_text("#suggestion-state")
+    prefilled = re.search(r"(\d+) of (\d+) prompt tokens prefilled", done)
+    assert prefilled, done
+    reused, total = map(int, prefilled.groups())
+    assert total - 3 <= reused < total, done
 
     # the privacy panel: frames up and down, the public request visible, no private text
     page.wait_for_function("document.querySelectorAll('#frames li').length > 10")
     panel = page.inner_text("#frames")
     assert "OpenSession" in panel and "Draft" in panel and "Verdict" in panel
-    for private in ("Marigold", "canary", "Dirt under the nails", "Chicken-wire", "Tulips"):
-        assert private not in panel
+    # the public request: the title and the note being continued (the user asked for help
+    # with it), then nothing of the history the model read
+    request = public_request(page)
+    assert "Bulb planting day" in request and request.endswith(f"{DRAFT} Bring")
+    for private in ("Marigold", "canary", "co-op", "Dirt under the nails", "Chicken-wire"):
+        assert private not in panel and private not in request
     screenshot(page, "notes-privacy.png")
 
-    # accept appends the continuation to the note and saves it
+    # accept appends the continuation to the note (it continues "Bring") and saves it
     suggestion = "".join(page.locator("#suggestion-text .tok").all_text_contents())
     page.click("#accept")
     page.wait_for_selector("#suggestion", state="hidden")
-    assert page.input_value("#body").endswith(suggestion)
+    assert page.input_value("#body") == f"{DRAFT} Bring" + suggestion
     page.close()
 
 

@@ -3,7 +3,8 @@
 
 const $ = (id) => document.getElementById(id);
 const state = { folder: "inbox", inbox: [], sent: [], current: null, replyTo: null,
-                stream: null, generating: false, frames: 0 };
+                stream: null, generating: false, frames: 0, typing: null };
+const PREPARE_AFTER_MS = 600; // a pause in typing this long prepares the draft
 
 const short = (from) => (from || "").replace(/\s*<.*>\s*$/, "") || from;
 const day = (date) => (date || "").slice(0, 10);
@@ -66,6 +67,7 @@ function compose(replyTo) {
   $("c-subject").value = replyTo ? (replyTo.subject.startsWith("Re:") ? replyTo.subject : `Re: ${replyTo.subject}`) : "";
   $("c-body").value = "";
   say(replyTo ? "Replying" : "New message");
+  typed();
   (replyTo ? $("c-body") : $("c-to")).focus();
 }
 
@@ -89,8 +91,14 @@ async function send(event) {
 function say(text) { $("status-line").textContent = text; }
 
 // ---------------------------------------------------------------- drafting
+// The composer as the server's request: a reply or a new message, continuing what is written
+// (the text stays on this device: it ends the on-device model's prompt).
+const composerRequest = () => ({ reply_to: state.replyTo && state.replyTo.id, to: $("c-to").value,
+                                 subject: $("c-subject").value, body: $("c-body").value });
+
 function startDraft() {
   if (state.generating) return;
+  clearTimeout(state.typing);
   discard();
   state.generating = true;
   $("suggestion").hidden = false;
@@ -98,9 +106,20 @@ function startDraft() {
   $("accept").disabled = true;
   $("draft").disabled = true;
   $("cancel").hidden = false;
-  const q = state.replyTo ? `reply_to=${encodeURIComponent(state.replyTo.id)}`
-    : `subject=${encodeURIComponent($("c-subject").value)}&to=${encodeURIComponent($("c-to").value)}`;
-  streamSuggestion(`/api/draft?${q}`, state, finish);
+  $("prepared").hidden = true;
+  streamSuggestion("/api/draft", composerRequest(), state, finish);
+}
+
+// While the user types, retrieve and prefill the draft on the device (debounced).
+function typed() {
+  clearTimeout(state.typing);
+  $("prepared").hidden = true;
+  state.typing = setTimeout(() => {
+    if (state.generating) return;
+    api("/api/prepare", { method: "POST", body: JSON.stringify(composerRequest()) })
+      .then((r) => { $("prepared").hidden = !r.prefilling; })
+      .catch(() => {}); // only a head start: drafting works without it
+  }, PREPARE_AFTER_MS);
 }
 
 function finish(text) {
@@ -118,7 +137,8 @@ async function cancel() { await api("/api/cancel", { method: "POST", body: "{}" 
 
 function accept() {
   const text = [...$("suggestion-text").querySelectorAll(".tok")].map((s) => s.textContent).join("");
-  $("c-body").value = $("c-body").value + text;
+  // the draft continues the text without its trailing spaces (the model writes the space)
+  $("c-body").value = $("c-body").value.replace(/[ \t]+$/, "") + text;
   discard();
 }
 
@@ -135,7 +155,8 @@ async function importMbox() {
   $("import-report").textContent = "importing…";
   try {
     const res = await api("/api/import", { method: "POST", body: await file.arrayBuffer(),
-                                           headers: { "Content-Type": "application/mbox" } });
+                                           headers: { "Content-Type": "application/mbox",
+                                                      "X-File-Name": encodeURIComponent(file.name) } });
     $("import-report").textContent = res.report;
     await loadFolders();
   } catch (err) { $("import-report").textContent = err.message; }
@@ -162,6 +183,7 @@ $("discard").onclick = discard;
 $("close-composer").onclick = () => { discard(); $("composer").hidden = true; if (!state.current) $("empty").hidden = false; };
 $("composer").addEventListener("submit", send);
 $("import").onchange = importMbox;
+for (const id of ["c-to", "c-subject", "c-body"]) $(id).oninput = typed;
 $("privacy-toggle").onclick = () => { $("privacy").hidden = !$("privacy").hidden; refreshFrames(); };
 $("settings-open").onclick = openSettings;
 $("settings-form").addEventListener("submit", saveSettings);

@@ -2,7 +2,8 @@
 "use strict";
 
 const $ = (id) => document.getElementById(id);
-const state = { notes: [], current: null, stream: null, frames: 0, generating: false };
+const state = { notes: [], current: null, stream: null, frames: 0, generating: false, typing: null };
+const PREPARE_AFTER_MS = 600; // a pause in typing this long prepares the continuation
 
 // ---------------------------------------------------------------- notes
 async function loadNotes() {
@@ -28,6 +29,8 @@ async function loadNotes() {
 
 function openNote(note) {
   discard();
+  clearTimeout(state.typing);
+  $("prepared").hidden = true;
   state.current = note;
   $("title").value = note ? note.title : "";
   $("body").value = note ? note.body : "";
@@ -37,6 +40,7 @@ function openNote(note) {
 }
 
 async function save() {
+  $("prepared").hidden = true; // the history changes: prepare again once it is saved
   const note = await api("/api/notes", {
     method: "POST",
     body: JSON.stringify({ id: state.current && state.current.id, title: $("title").value, body: $("body").value }),
@@ -44,7 +48,8 @@ async function save() {
   state.current = note;
   $("delete").disabled = false;
   await loadNotes();
-  say("Saved · it is now part of your private history");
+  say("Saved to your private history");
+  prepare();
   return note;
 }
 
@@ -60,20 +65,37 @@ async function remove() {
 function say(text) { $("status-line").textContent = text; }
 
 // ---------------------------------------------------------------- continuation
+// What the continuation continues: the note as it is in the editor (saved or not). Its title
+// is the public topic; its text stays on this device (it ends the on-device model's prompt).
+const noteRequest = () => ({ id: state.current && state.current.id, title: $("title").value, body: $("body").value });
+
 function startContinuation() {
   if (state.generating) return;
-  const go = () => {
-    discard();
-    state.generating = true;
-    $("suggestion").hidden = false;
-    $("suggestion-state").textContent = "writing…";
-    $("accept").disabled = true;
-    $("continue").disabled = true;
-    $("cancel").hidden = false;
-    streamSuggestion(`/api/continue?title=${encodeURIComponent($("title").value)}`, state, finish);
-  };
-  // save first: the note being written is part of the private context the Specialist reads
-  ($("title").value || $("body").value ? save() : Promise.resolve()).then(go, (err) => say(err.message));
+  clearTimeout(state.typing);
+  discard();
+  state.generating = true;
+  $("suggestion").hidden = false;
+  $("suggestion-state").textContent = "writing…";
+  $("accept").disabled = true;
+  $("continue").disabled = true;
+  $("cancel").hidden = false;
+  $("prepared").hidden = true;
+  streamSuggestion("/api/continue", noteRequest(), state, finish);
+}
+
+// While the user types, retrieve and prefill the continuation on the device (debounced), so
+// "Continue in my voice" starts from a prepared prompt.
+function prepare() {
+  if (state.generating || !($("title").value || $("body").value)) return;
+  api("/api/prepare", { method: "POST", body: JSON.stringify(noteRequest()) })
+    .then((r) => { $("prepared").hidden = !r.prefilling; })
+    .catch(() => {}); // only a head start: the continuation works without it
+}
+
+function typed() {
+  clearTimeout(state.typing);
+  $("prepared").hidden = true;
+  state.typing = setTimeout(prepare, PREPARE_AFTER_MS);
 }
 
 function finish(text) {
@@ -94,9 +116,10 @@ async function cancel() {
 function accept() {
   const text = [...$("suggestion-text").querySelectorAll(".tok")].map((s) => s.textContent).join("");
   const body = $("body");
-  body.value = body.value + (body.value && !/\s$/.test(body.value) && !/^\s/.test(text) ? " " : "") + text;
+  // the continuation follows the note without its trailing spaces (the model writes the space)
+  body.value = body.value.replace(/[ \t]+$/, "") + text;
   discard();
-  save();
+  save().catch((e) => say(e.message));
 }
 
 function discard() {
@@ -123,6 +146,8 @@ $("cancel").onclick = cancel;
 $("accept").onclick = accept;
 $("discard").onclick = discard;
 $("search").oninput = () => loadNotes();
+$("title").oninput = typed;
+$("body").oninput = typed;
 $("privacy-toggle").onclick = () => { $("privacy").hidden = !$("privacy").hidden; refreshFrames(); };
 $("settings-open").onclick = openSettings;
 $("settings-form").addEventListener("submit", saveSettings);

@@ -42,7 +42,7 @@ Notify = Callable[[str, dict[str, Any]], None]
 
 NOTIFICATIONS = ["generate.piece", "generate.mode", "generate.stats"]
 # decoding options passed to Client.stream as they are (`query` and `task` are positional)
-_STREAM_OPTIONS = ("preset", "stop", "offline", "before", "method", "max_new_tokens",
+_STREAM_OPTIONS = ("preset", "stop", "offline", "before", "prefix", "method", "max_new_tokens",
                    "temperature", "gamma", "alpha", "k", "adaptive_k", "top_k", "top_p", "seed")
 
 
@@ -127,7 +127,8 @@ class Bridge:
         """Retrieve and prefill a request in the background (`Client.prepare`); answers at once.
         A following `generate` of the same task reuses every prompt token they share."""
         task = params.get("task", "email")
-        self.client.prepare(params["query"], task=task, before=params.get("before"))
+        self.client.prepare(params["query"], task=task, before=params.get("before"),
+                            prefix=params.get("prefix", ""))
         return {"task": task, "prefilling": True}
 
     def initialize(self, params: dict[str, Any]) -> dict[str, Any]:
@@ -261,6 +262,7 @@ class Bridge:
             self._send(generation, "generate.mode", {
                 "mode": change.mode, "tokens": change.tokens, "reason": change.reason})
 
+        pace_s = params.get("min_token_ms", 0) / 1000
         stream = self.client.stream(params["query"], task=params.get("task", "email"),
                                     result=out, on_mode=on_mode, **options)
         try:
@@ -271,6 +273,8 @@ class Bridge:
                 self._send(generation, "generate.piece", {
                     "text": piece.text, "token": piece.token, "provenance": piece.provenance,
                     "round": piece.round})
+                if generation.cancel.wait(pace_s):  # paced for reading (min_token_ms)
+                    return
         finally:
             stream.close()  # a cancelled run stops here: the decoder's sessions are closed
         if generation.cancel.is_set():

@@ -15,7 +15,7 @@ callable the caller passes in.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import date, datetime
 from typing import TYPE_CHECKING
@@ -79,7 +79,8 @@ class Task:
 
 @dataclass(frozen=True)
 class Prompt:
-    """What the device decoding loop consumes; only `request` (and `system`) may leave it."""
+    """What the device decoding loop consumes; only `request`, `system` and `prefix` (the
+    user's draft being continued) may leave it."""
 
     task: str
     request: str  # public request x: the context-free user message
@@ -94,6 +95,9 @@ class Prompt:
     examples: tuple[tuple[str, str], ...] = ()  # (request, user's text) turns, best one last
     private_request: str = ""  # the private view's last user message ("" = `request`)
     length: LengthPolicy | None = None  # the user's typical length (device only)
+    # The user's draft the output continues (`continuation_prefix` of it): it ends both views,
+    # after the assistant's turn opens, so it leaves the device with `request`.
+    prefix: str = ""
 
     def messages(self, *, private: bool = True) -> list[dict[str, str]]:
         """Chat messages: with the earlier turns for the Specialist, without for the companion."""
@@ -365,6 +369,12 @@ def request_text(task: str, query: Mapping[str, object] | str) -> str:
     return spec.request(_query_fields(spec, query))
 
 
+def continuation_prefix(draft: str) -> str:
+    """The text a continuation starts from: the draft without trailing spaces or tabs (a word's
+    leading space belongs to the word's token, so the output supplies it); newlines are kept."""
+    return draft.rstrip(" \t")
+
+
 def private_request_text(request: str, items: str, length: LengthPolicy | None,
                          *, rewrite: bool = False) -> str:
     """The private view's last user message: the request, then the length to write at (the
@@ -560,7 +570,13 @@ def retrieve(
     k: int = 5,
     *,
     before: str | date | datetime | None = None,
+    exclude: Collection[str] = (),
 ) -> list[Hit]:
-    """Top-k records of the task's kinds for this query item (the Specialist's context)."""
+    """Top-k records of the task's kinds for this query item (the Specialist's context).
+
+    `exclude`: record ids left out — the record being continued, whose text is the prefix
+    already (retrieved as an example too, the model would copy it and stop where it ends)."""
     spec = get_task(task)
-    return store.search(query_text(task, query), k, kinds=spec.kinds, before=before)
+    hits = store.search(query_text(task, query), k + len(exclude), kinds=spec.kinds,
+                        before=before)
+    return [hit for hit in hits if hit.record.id not in exclude][:k]

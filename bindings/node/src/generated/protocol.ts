@@ -120,6 +120,14 @@ export interface GenerateParams {
   stop?: string[];
   offline?: string;
   before?: TimeLike;
+  /**
+   * at least this long between two pieces: paces a fast model's stream for reading (the decoding waits, so a reconnect can land mid-text)
+   */
+  min_token_ms?: number;
+  /**
+   * the user's draft so far: the output continues it (trailing spaces and tabs dropped). Part of the public request: the companion reads it to help continue it (the history stays on the device)
+   */
+  prefix?: string;
   method?: "specsteer" | "slm" | "slm_rag" | "llm" | "speculative" | "light_costeer" | "costeer";
   max_new_tokens?: number;
   temperature?: number;
@@ -291,6 +299,10 @@ export interface PrepareParams {
       };
   task?: string;
   before?: TimeLike;
+  /**
+   * the user's draft so far: the output continues it (trailing spaces and tabs dropped). Part of the public request: the companion reads it to help continue it (the history stays on the device)
+   */
+  prefix?: string;
 }
 export interface PrepareResult {
   task: string;
