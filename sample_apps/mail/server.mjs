@@ -50,7 +50,10 @@ const { values: opts } = parseArgs({
 const specsteerHome = process.env.SPECSTEER_HOME || join(homedir(), ".cache", "specsteer");
 const historyPath = opts.history || join(specsteerHome, "apps", "mail.db");
 const inbox = JSON.parse(readFileSync(join(DATA, "inbox.json"), "utf8"));
-const settings = { companion: opts.companion, token: opts.token, preset: opts.preset };
+const LEAK_GUARDS = ["allow", "redact", "hold"]; // the bridge's leak_guard; the SDK's default: allow
+// never repeat an 8-gram of a draft: greedy decoding otherwise loops on one sentence
+const NO_REPEAT_NGRAM = 8;
+const settings = { companion: opts.companion, token: opts.token, preset: opts.preset, leak_guard: "allow" };
 const maxNewTokens = Number(opts["max-new-tokens"]) || (opts.real ? 160 : 200);
 // paces the stream for reading: the tiny models write far faster than anyone reads
 const minTokenMs = opts["min-token-ms"] !== "" ? Number(opts["min-token-ms"]) : (opts.real ? 0 : 25);
@@ -173,14 +176,16 @@ async function draft(res, composer) {
   try {
     const generation = state.client.generate(
       { ...draftRequest(composer), preset: settings.preset, max_new_tokens: maxNewTokens,
-        min_token_ms: minTokenMs },
+        min_token_ms: minTokenMs, no_repeat_ngram: NO_REPEAT_NGRAM, leak_guard: settings.leak_guard },
       { signal: controller.signal });
     for await (const piece of generation) send("piece", piece);
     const result = await generation.result;
     const s = result.stats;
     send("done", { tokens: s.tokens, acceptance_rate: s.acceptance_rate, bytes_up: s.bytes_up,
                    bytes_down: s.bytes_down, degraded: s.degraded, reconnects: s.reconnects,
-                   prefill_reused: s.prefill_reused, prefill_tokens: s.prefill_tokens });
+                   prefill_reused: s.prefill_reused, prefill_tokens: s.prefill_tokens,
+                   leak_guard: settings.leak_guard, leak_flagged: s.leak_flagged,
+                   leak_redacted: s.leak_redacted, leak_held: s.leak_held });
   } catch (error) {
     send(error.name === "AbortError" ? "cancelled" : "failed", { error: error.message });
   } finally {
@@ -232,7 +237,7 @@ async function route(req, res) {
     }
     if (path === "/api/frames") return json(res, state.frames.slice(Number(url.searchParams.get("since") || 0)));
     if (path === "/api/status") return json(res, await status());
-    if (path === "/api/settings") return json(res, { ...settings, presets: PRESETS });
+    if (path === "/api/settings") return json(res, { ...settings, presets: PRESETS, leak_guards: LEAK_GUARDS });
   }
   if (req.method === "POST") {
     if (path === "/api/draft" || path === "/api/prepare") {
@@ -270,9 +275,11 @@ async function route(req, res) {
       const companion = String(next.companion ?? settings.companion).trim();
       if (companion && !/^wss?:\/\//.test(companion)) return json(res, { error: "the companion URL must start with ws:// or wss://" }, 400);
       if (next.preset && !PRESETS.includes(next.preset)) return json(res, { error: `preset must be one of ${PRESETS.join(", ")}` }, 400);
+      if (next.leak_guard && !LEAK_GUARDS.includes(next.leak_guard)) return json(res, { error: `leak_guard must be one of ${LEAK_GUARDS.join(", ")}` }, 400);
       if (state.generation) return json(res, { error: "wait for the draft to finish, or cancel it" }, 409);
       Object.assign(settings, { companion, token: String(next.token ?? settings.token),
-                                preset: next.preset || settings.preset });
+                                preset: next.preset || settings.preset,
+                                leak_guard: next.leak_guard || settings.leak_guard });
       await startBridge(); // the bridge holds its companion link: start it again
       return json(res, settings);
     }

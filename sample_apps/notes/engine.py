@@ -27,6 +27,9 @@ from specsteer.runtime.base import LanguageModel
 
 Emit = Callable[[str, dict[str, Any]], None]
 PRESETS = ("default", "fast", "strict")
+LEAK_GUARDS = ("allow", "redact", "hold")  # Params.leak_guard; the SDK's default is "allow"
+# never repeat an 8-gram of the continuation: greedy decoding otherwise loops on one sentence
+NO_REPEAT_NGRAM = 8
 
 
 @dataclass
@@ -36,6 +39,7 @@ class Settings:
     companion: str = ""  # ws:// or wss:// URL; empty: no companion (local only)
     token: str = ""
     preset: str = "default"
+    leak_guard: str = "allow"  # what a draft copying private history does (LEAK_GUARDS)
 
 
 class Busy(SpecSteerError):
@@ -189,7 +193,8 @@ class NotesEngine:
             stream = self._client().stream(
                 request.pop("query"), preset=self.settings.preset,
                 max_new_tokens=self.max_new_tokens, offline=self.policy, on_mode=on_mode,
-                result=out, **request)
+                result=out, no_repeat_ngram=NO_REPEAT_NGRAM,
+                leak_guard=self.settings.leak_guard, **request)
             try:
                 for piece in stream:
                     emit("piece", {"text": piece.text, "provenance": piece.provenance,
@@ -205,7 +210,10 @@ class NotesEngine:
                           "bytes_down": stats.bytes_down, "degraded": stats.degraded,
                           "reconnects": stats.reconnects, "records": list(stats.records),
                           "prefill_reused": stats.prefill_reused,
-                          "prefill_tokens": stats.prefill_tokens})
+                          "prefill_tokens": stats.prefill_tokens,
+                          "leak_guard": self.settings.leak_guard,
+                          "leak_flagged": stats.leak_flagged,
+                          "leak_redacted": stats.leak_redacted, "leak_held": stats.leak_held})
         finally:
             self._running.release()
 

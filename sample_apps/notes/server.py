@@ -7,7 +7,7 @@ Routes: `GET /` and `/static/*` (the page, no build step); `GET /api/notes?q=` (
 and prefill its continuation), `POST /api/continue` (the same body; the answer is a
 text/event-stream of `mode`, `piece`, `done` | `cancelled` | `failed` events), `POST /api/cancel`;
 `GET /api/frames?since=N` (the link audit); `GET /api/status` (the badge); `GET|POST
-/api/settings` (companion URL, token, preset). Binds to loopback only: the app
+/api/settings` (companion URL, token, preset, leak guard). Binds to loopback only: the app
 is for the person at this machine.
 """
 
@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
-from engine import PRESETS, Busy, NotesEngine
+from engine import LEAK_GUARDS, PRESETS, Busy, NotesEngine
 
 from specsteer.errors import RecordNotFound, SpecSteerError
 
@@ -80,7 +80,8 @@ class NotesHandler(BaseHTTPRequestHandler):
         if path == "/api/status":
             return self._json(self.engine.status())
         if path == "/api/settings":
-            return self._json({**vars(self.engine.settings), "presets": PRESETS})
+            return self._json({**vars(self.engine.settings), "presets": PRESETS,
+                               "leak_guards": LEAK_GUARDS})
         self._error(HTTPStatus.NOT_FOUND, f"no such page: {path}")
 
     def do_POST(self) -> None:  # noqa: N802
@@ -129,11 +130,15 @@ class NotesHandler(BaseHTTPRequestHandler):
         settings = self.engine.settings
         companion = str(body.get("companion", settings.companion)).strip()
         preset = str(body.get("preset", settings.preset))
+        leak_guard = str(body.get("leak_guard", settings.leak_guard))
         if companion and not companion.startswith(("ws://", "wss://")):
             raise ValueError("the companion URL must start with ws:// or wss://")
         if preset not in PRESETS:
             raise ValueError(f"preset must be one of {', '.join(PRESETS)}")
+        if leak_guard not in LEAK_GUARDS:
+            raise ValueError(f"leak_guard must be one of {', '.join(LEAK_GUARDS)}")
         settings.companion, settings.preset = companion, preset
+        settings.leak_guard = leak_guard
         settings.token = str(body.get("token", settings.token))
         return settings
 

@@ -80,6 +80,21 @@ function tokenSpan(text, provenance) {
   return span;
 }
 
+// The leak guard's line of the privacy panel (#leak-guard) after a suggestion: its policy and
+// what it found in what was about to leave (stats.leak_flagged / leak_redacted / leak_held).
+function leakGuardLine(s) {
+  const plural = (n, one) => `${n} ${one}${n === 1 ? "" : "s"}`;
+  return `leak guard (${s.leak_guard}): ${plural(s.leak_flagged, "span")} flagged, `
+    + `${plural(s.leak_redacted, "token")} cut, ${plural(s.leak_held, "token")} kept on device`;
+}
+
+function showLeakGuard(s) {
+  const el = $("leak-guard");
+  el.textContent = leakGuardLine(s);
+  el.classList.toggle("flagged", s.leak_flagged > 0);
+  el.hidden = false;
+}
+
 // Stream a suggestion into #suggestion-text: POST `request` (JSON) to `url`, whose answer is a
 // server-sent event stream; pieces coloured by provenance, a line where the link was lost or
 // came back, and `finish(summary)` at the end. (A POST, not an EventSource: the request carries
@@ -102,6 +117,7 @@ function streamSuggestion(url, request, state, finish) {
       $("suggestion-text").appendChild(line);
     },
     done(s) {
+      showLeakGuard(s);
       const ready = s.prefill_reused
         ? ` · ${s.prefill_reused} of ${s.prefill_reused + s.prefill_tokens} prompt tokens prefilled before you asked` : "";
       finish(`${s.tokens} tokens · ${(s.acceptance_rate * 100).toFixed(0)}% drafts accepted · ${s.bytes_up + s.bytes_down} bytes on the wire`
@@ -157,6 +173,7 @@ async function openSettings() {
   form.companion.value = settings.companion;
   form.token.value = settings.token;
   form.preset.value = settings.preset;
+  form.leak_guard.value = settings.leak_guard;
   $("settings-error").textContent = "";
   $("settings").showModal();
 }
@@ -167,7 +184,8 @@ async function saveSettings(event) {
   const form = $("settings-form");
   try {
     await api("/api/settings", { method: "POST", body: JSON.stringify({
-      companion: form.companion.value, token: form.token.value, preset: form.preset.value }) });
+      companion: form.companion.value, token: form.token.value, preset: form.preset.value,
+      leak_guard: form.leak_guard.value }) });
     $("settings").close();
     refreshStatus();
   } catch (err) { $("settings-error").textContent = err.message; }

@@ -43,7 +43,8 @@ Notify = Callable[[str, dict[str, Any]], None]
 NOTIFICATIONS = ["generate.piece", "generate.mode", "generate.stats"]
 # decoding options passed to Client.stream as they are (`query` and `task` are positional)
 _STREAM_OPTIONS = ("preset", "stop", "offline", "before", "prefix", "method", "max_new_tokens",
-                   "temperature", "gamma", "alpha", "k", "adaptive_k", "top_k", "top_p", "seed")
+                   "temperature", "gamma", "alpha", "k", "adaptive_k", "top_k", "top_p", "seed",
+                   "no_repeat_ngram", "leak_guard")
 
 
 @dataclass

@@ -128,6 +128,14 @@ export interface GenerateParams {
    * the user's draft so far: the output continues it (trailing spaces and tabs dropped). Part of the public request: the companion reads it to help continue it (the history stays on the device)
    */
   prefix?: string;
+  /**
+   * never repeat an n-gram of this length in the output (a device-only rule that stops greedy decoding from looping); 0 (the default) is off, otherwise at least 2
+   */
+  no_repeat_ngram?: number;
+  /**
+   * what a draft that copies private history verbatim does: allow (sent, counted; the default), redact (cut from the draft), hold (the rest is written on the device alone); the counts are in stats.leak_flagged / leak_redacted / leak_held
+   */
+  leak_guard?: "allow" | "redact" | "hold";
   method?: "specsteer" | "slm" | "slm_rag" | "llm" | "speculative" | "light_costeer" | "costeer";
   max_new_tokens?: number;
   temperature?: number;
@@ -173,6 +181,18 @@ export interface GenerationStats {
   warm_tokens?: number;
   switch_s?: number | null;
   cancelled?: boolean;
+  /**
+   * private spans the leak guard found in what was about to leave
+   */
+  leak_flagged?: number;
+  /**
+   * drafted tokens the leak guard cut (leak_guard redact)
+   */
+  leak_redacted?: number;
+  /**
+   * tokens written on the device alone after the leak guard held (leak_guard hold)
+   */
+  leak_held?: number;
   [k: string]: unknown;
 }
 export interface HistoryAddParams {
