@@ -51,8 +51,10 @@ class NotesEngine:
 
     def __init__(self, specialist: LanguageModel, store: HistoryStore, settings: Settings, *,
                  max_new_tokens: int = 160, min_token_s: float = 0.0,
-                 retry_s: tuple[float, float] = (0.5, 2.0), reply_timeout_s: float = 4.0) -> None:
+                 retry_s: tuple[float, float] = (0.5, 2.0), reply_timeout_s: float = 4.0,
+                 no_repeat_ngram: int = NO_REPEAT_NGRAM) -> None:
         self.specialist = specialist
+        self.no_repeat_ngram = no_repeat_ngram
         self.store = store
         self.settings = settings
         self.max_new_tokens = max_new_tokens
@@ -193,7 +195,7 @@ class NotesEngine:
             stream = self._client().stream(
                 request.pop("query"), preset=self.settings.preset,
                 max_new_tokens=self.max_new_tokens, offline=self.policy, on_mode=on_mode,
-                result=out, no_repeat_ngram=NO_REPEAT_NGRAM,
+                result=out, no_repeat_ngram=self.no_repeat_ngram,
                 leak_guard=self.settings.leak_guard, **request)
             try:
                 for piece in stream:

@@ -1,0 +1,90 @@
+"""The bridge's `no_repeat_ngram` and `leak_guard` (what the sample apps set for their
+suggestions): they reach the Client's decoder, bad values are refused, and the leak guard's
+counts come back in the stats."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import pytest
+from bridge_process import assert_valid
+
+from specsteer.bridge import errors
+from specsteer.bridge.handlers import Bridge
+from specsteer.client import Client
+
+QUERY = {"query": "Bulb planting day", "task": "note", "max_new_tokens": 200}
+LEAK_STATS = ("leak_flagged", "leak_redacted", "leak_held")
+
+
+def _repeated(ids: list[int], n: int) -> int:
+    """How many n-grams of `ids` repeat an earlier one."""
+    grams = [tuple(ids[i:i + n]) for i in range(len(ids) - n + 1)]
+    return len(grams) - len(set(grams))
+
+
+def test_no_repeat_ngram_reaches_the_decoder(spawn, tiny_model) -> None:
+    """On the tiny Specialist this note's greedy continuation repeats token pairs; with
+    no_repeat_ngram=2 the bridge's text is the one a decoder that never repeats a pair writes."""
+    plain = Client(tiny_model).generate(QUERY["query"], task="note", max_new_tokens=200)
+    banned = Client(tiny_model).generate(QUERY["query"], task="note", max_new_tokens=200,
+                                         no_repeat_ngram=2)
+    assert _repeated(list(plain.tokens), 2) > 0 and _repeated(list(banned.tokens), 2) == 0
+    bridge = spawn()
+    params = {**QUERY, "no_repeat_ngram": 2}
+    assert_valid("generate", "params", params)
+    assert bridge.call("generate", params)["result"]["text"] == banned.text
+    assert bridge.call("generate", QUERY)["result"]["text"] == plain.text != banned.text
+    for bad in (1, -1, 2.5, "8"):
+        answer = bridge.call("generate", {**QUERY, "no_repeat_ngram": bad})
+        assert answer["error"]["code"] == errors.INVALID_PARAMS, bad
+    assert bridge.close() == 0
+
+
+def test_leak_guard_is_validated_and_its_counts_are_in_the_stats(spawn, companion_url) -> None:
+    bridge = spawn("--companion", companion_url)
+    params = {**QUERY, "max_new_tokens": 24, "offline": "fail", "leak_guard": "redact"}
+    assert_valid("generate", "params", params)
+    request = bridge.send("generate", params)
+    result = bridge.answer(request)["result"]
+    assert_valid("generate", "result", result)
+    [stats] = bridge.stream_of(request, "generate.stats")
+    for name in LEAK_STATS:
+        assert isinstance(result["stats"][name], int) and stats["stats"][name] \
+            == result["stats"][name]
+    answer = bridge.call("generate", {**QUERY, "leak_guard": "block"})
+    assert answer["error"]["code"] == errors.INVALID_PARAMS
+    assert bridge.close() == 0
+
+
+class _Recording(Client):
+    """A real Client that also keeps the options each `stream` was called with."""
+
+    calls: list[dict[str, Any]]
+
+    def stream(self, query: Any, **options: Any):  # type: ignore[override]
+        self.calls.append(options)
+        return super().stream(query, **options)
+
+
+@pytest.mark.parametrize("options", [{"no_repeat_ngram": 8, "leak_guard": "hold"},
+                                     {"no_repeat_ngram": 0, "leak_guard": "allow"}])
+def test_generate_passes_the_options_to_the_client(tiny_model, options) -> None:
+    client = _Recording(tiny_model)
+    client.calls = []
+    answered = threading.Event()
+    answers: list[Any] = []
+
+    def respond(result: Any, error: Any) -> None:
+        answers.append((result, error))
+        answered.set()
+
+    bridge = Bridge(client, lambda method, params: None, max_line_bytes=1 << 20)
+    bridge.call(1, "generate", {**QUERY, "max_new_tokens": 8, **options}, respond)
+    assert answered.wait(30)
+    [(result, error)] = answers
+    assert error is None and result["text"]
+    [call] = client.calls
+    assert {name: call[name] for name in options} == options
+    bridge.close()
