@@ -1,0 +1,128 @@
+"""The notes app's decoding options, on the tiny Specialist (no browser): continuations never
+repeat an n-gram (8 by default) and run under the leak guard the settings chose, whose counts
+come back in the `done` event the privacy panel reads."""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "sample_apps" / "notes"))
+
+import engine as notes_engine  # noqa: E402
+from engine import NO_REPEAT_NGRAM, NotesEngine, Settings  # noqa: E402
+from server import serve  # noqa: E402
+
+from specsteer.client import Client  # noqa: E402
+from specsteer.history import HistoryStore  # noqa: E402
+from specsteer.history.ingest import ingest_path  # noqa: E402
+
+DATA = Path(__file__).resolve().parents[2] / "sample_apps" / "data"
+
+TITLE, BODY = "Bulb planting day", "Tulips along the fence this Saturday."
+
+
+class _Recording(Client):
+    """A real Client that also keeps the options each `stream` was called with."""
+
+    calls: list[dict[str, Any]] = []
+
+    def stream(self, query: Any, **options: Any):  # type: ignore[override]
+        _Recording.calls.append(options)
+        return super().stream(query, **options)
+
+
+def _repeated(ids: list[int], n: int) -> int:
+    """How many n-grams of `ids` repeat an earlier one."""
+    grams = [tuple(ids[i:i + n]) for i in range(len(ids) - n + 1)]
+    return len(grams) - len(set(grams))
+
+
+def _continue(engine: NotesEngine) -> tuple[str, dict[str, Any]]:
+    events: list[tuple[str, dict[str, Any]]] = []
+    engine.continue_note(TITLE, BODY, None, lambda event, data: events.append((event, data)))
+    assert events[-1][0] == "done", events[-1]
+    return "".join(d["text"] for e, d in events if e == "piece"), events[-1][1]
+
+
+@pytest.fixture()
+def recording(monkeypatch) -> list[dict[str, Any]]:
+    _Recording.calls = []
+    monkeypatch.setattr(notes_engine, "Client", _Recording)
+    return _Recording.calls
+
+
+def test_continuations_never_repeat_an_ngram(tiny_model, recording) -> None:
+    store = HistoryStore(memory=True)
+    ingest_path(store, DATA / "notes.json")  # the persona's notes: the continuation's context
+    engine = NotesEngine(tiny_model, store, Settings(), max_new_tokens=120)
+    _continue(engine)
+    assert NO_REPEAT_NGRAM == 8 and recording[-1]["no_repeat_ngram"] == 8
+    # the option reaches the decoder: this continuation repeats token pairs without the rule
+    plain, _ = _continue(NotesEngine(tiny_model, store, Settings(), max_new_tokens=120,
+                                     no_repeat_ngram=0))
+    banned, _ = _continue(NotesEngine(tiny_model, store, Settings(), max_new_tokens=120,
+                                      no_repeat_ngram=2))
+    assert plain != banned
+    assert [call["no_repeat_ngram"] for call in recording[-2:]] == [0, 2]
+    plain_ids, banned_ids = (list(call["result"][0].tokens) for call in recording[-2:])
+    assert _repeated(plain_ids, 2) > 0 and _repeated(banned_ids, 2) == 0
+
+
+@pytest.mark.parametrize("policy", ["allow", "redact", "hold"])
+def test_the_chosen_leak_guard_runs_and_its_counts_are_in_done(tiny_model, recording,
+                                                               policy) -> None:
+    engine = NotesEngine(tiny_model, HistoryStore(memory=True), Settings(leak_guard=policy),
+                         max_new_tokens=16)
+    _, done = _continue(engine)
+    assert recording[-1]["leak_guard"] == policy and done["leak_guard"] == policy
+    [result] = recording[-1]["result"]  # the Client's Result the engine reported from
+    for name in ("leak_flagged", "leak_redacted", "leak_held"):
+        assert isinstance(done[name], int) and done[name] == getattr(result.stats, name)
+
+
+@pytest.fixture()
+def server() -> Iterator[tuple[str, NotesEngine]]:
+    from specsteer.models.tiny import tiny_model_dir
+    from specsteer.runtime import load_model
+
+    engine = NotesEngine(load_model(tiny_model_dir("llama", seed=0)), HistoryStore(memory=True),
+                         Settings())
+    httpd = serve(engine, port=0)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{httpd.server_address[1]}", engine
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+
+
+def _post(url: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+    request = urllib.request.Request(url, json.dumps(body).encode(),
+                                     {"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=10) as answer:
+            return answer.status, json.loads(answer.read())
+    except urllib.error.HTTPError as error:
+        return error.code, json.loads(error.read())
+
+
+def test_settings_choose_the_leak_guard_and_refuse_a_bad_one(server) -> None:
+    url, engine = server
+    with urllib.request.urlopen(f"{url}/api/settings", timeout=10) as answer:
+        settings = json.loads(answer.read())
+    assert settings["leak_guard"] == "allow" and settings["leak_guards"] == [
+        "allow", "redact", "hold"]
+    status, body = _post(f"{url}/api/settings", {"leak_guard": "block"})
+    assert status == 400 and "leak_guard" in body["error"]
+    assert engine.settings.leak_guard == "allow"  # a refused change changes nothing
+    status, body = _post(f"{url}/api/settings", {"leak_guard": "hold"})
+    assert status == 200 and body["leak_guard"] == "hold" == engine.settings.leak_guard
