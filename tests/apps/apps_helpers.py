@@ -43,3 +43,50 @@ def public_request(page: object) -> str:
     spans = frame.locator(".ids span")
     text = "".join(span.split(" ", 1)[1][1:-1] for span in spans.all_inner_texts())
     return text.replace("·", " ").replace("⏎", "\n")
+
+
+# the privacy panel's leak guard line after a suggestion (shared_ui/frames.js leakGuardLine)
+LEAK_GUARD_LINE = (r"leak guard \((allow|redact|hold)\): (\d+) spans? flagged, (\d+) tokens? cut, "
+                   r"(\d+) tokens? kept on device")
+
+
+def leak_guard_line(page: object) -> tuple[str, int, int, int]:
+    """The policy and counts the privacy panel shows for the last suggestion."""
+    import re
+
+    text = page.inner_text("#leak-guard")  # type: ignore[attr-defined]
+    found = re.fullmatch(LEAK_GUARD_LINE, text)
+    assert found, text
+    policy, *counts = found.groups()
+    return policy, *map(int, counts)  # type: ignore[return-value]
+
+
+def choose_leak_guard(page: object, policy: str) -> None:
+    """Pick the leak guard in the settings dialog and save."""
+    page.click("#settings-open")  # type: ignore[attr-defined]
+    page.select_option("#settings-form select[name=leak_guard]", policy)  # type: ignore[attr-defined]
+    page.click("#settings-save")  # type: ignore[attr-defined]
+    page.wait_for_selector("#settings", state="hidden")  # type: ignore[attr-defined]
+
+
+def done_event(stream: str) -> dict:
+    """The `done` event of a suggestion's server-sent event stream (what the panel reads)."""
+    import json
+    import re
+
+    [data] = re.findall(r"^event: done\ndata: (.*)$", stream, re.M)
+    return json.loads(data)
+
+
+def capture_streams(page: object, pattern: str) -> list[str]:
+    """The bodies of the suggestion streams the page fetches from `pattern` (each is passed
+    on whole once it ends, so the page still reads every event)."""
+    bodies: list[str] = []
+
+    def keep(route: object) -> None:
+        answer = route.fetch(timeout=120000)  # type: ignore[attr-defined]
+        bodies.append(answer.text())
+        route.fulfill(response=answer)  # type: ignore[attr-defined]
+
+    page.route(pattern, keep)  # type: ignore[attr-defined]
+    return bodies

@@ -15,7 +15,16 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from apps_helpers import REPO, public_request, screenshot, start_app
+from apps_helpers import (
+    REPO,
+    capture_streams,
+    choose_leak_guard,
+    done_event,
+    leak_guard_line,
+    public_request,
+    screenshot,
+    start_app,
+)
 from ci import skip_or_fail
 
 from specsteer.history import HistoryStore, retrieve
@@ -105,6 +114,8 @@ def test_reply_draft_offline_and_back_then_send(browser, mail_app, tmp_path: Pat
     screenshot(page, "mail-resumed.png")
     page.wait_for_selector("#draft:enabled", timeout=60000)
     # the draft started from the prompt prepared while typing (all but its last tokens)
+    # the privacy panel's leak guard line: the default policy and the counts of this draft
+    assert leak_guard_line(page)[0] == "allow"
     done = page.inner_text("#suggestion-state")
     assert "partly offline" in done, done
     prefilled = re.search(r"(\d+) of (\d+) prompt tokens prefilled", done)
@@ -158,4 +169,20 @@ def test_import_my_mbox(browser, mail_app, tmp_path: Path) -> None:
     page.wait_for_selector("#messages li >> text=Old news")
     with HistoryStore(history, read_only=True) as store:
         assert store.stats()["kinds"]["email"] == 17
+
+    # the settings choose the leak guard; the next draft runs under it and the panel says so
+    choose_leak_guard(page, "hold")
+    page.click("#privacy-toggle")
+    page.click("#compose")
+    page.fill("#c-subject", "Seed swap")
+    streams = capture_streams(page, "**/api/draft")
+    page.click("#draft")
+    page.wait_for_selector("#leak-guard:visible", timeout=60000)
+    policy, flagged, cut, kept = leak_guard_line(page)
+    assert policy == "hold" and cut == 0  # hold never cuts a draft: it keeps the rest local
+    [stream] = streams
+    done = done_event(stream)
+    assert (done["leak_guard"], done["leak_flagged"], done["leak_redacted"], done["leak_held"]) \
+        == (policy, flagged, cut, kept)
     page.close()
+

@@ -10,7 +10,16 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from apps_helpers import public_request, python_app, screenshot, start_app
+from apps_helpers import (
+    capture_streams,
+    choose_leak_guard,
+    done_event,
+    leak_guard_line,
+    public_request,
+    python_app,
+    screenshot,
+    start_app,
+)
 
 from specsteer.history import HistoryStore, retrieve
 
@@ -89,6 +98,8 @@ def test_write_continue_lose_and_regain_the_companion(browser, notes_app) -> Non
     page.wait_for_selector("#badge.online")
     page.wait_for_selector("#cancel", state="hidden", timeout=60000)
     assert page.locator("#accept").is_enabled()
+    # the privacy panel's leak guard line: the default policy and the counts of this run
+    assert leak_guard_line(page)[0] == "allow"
     # the continuation started from the prompt prepared while typing: all of it but the last
     # tokens (the generation itself runs the last one) was prefilled before the click
     done = page.inner_text("#suggestion-state")
@@ -140,4 +151,25 @@ def test_search_cancel_and_delete_forgets(browser, notes_app) -> None:
         assert not [r for r in store.list(kind="note", limit=500) if r.title == "Courgette glut"]
         hits = store.search("marrow courgette glut", kinds=["note"])
         assert "note:wren-17" not in [hit.record.id for hit in hits]
+    page.close()
+
+
+def test_the_settings_choose_the_leak_guard_the_panel_reports(browser, notes_app) -> None:
+    url, _, _ = notes_app
+    page = browser.new_page()
+    page.goto(url)
+    page.wait_for_selector("#note-list li")
+    choose_leak_guard(page, "redact")
+    page.click("#privacy-toggle")
+    page.click("#note-list li >> text=Courgette glut")
+    streams = capture_streams(page, "**/api/continue")
+    page.click("#continue")
+    page.wait_for_selector("#leak-guard:visible", timeout=60000)
+    policy, flagged, cut, kept = leak_guard_line(page)
+    assert policy == "redact" and kept == 0  # redact cuts drafts; it never stops collaboration
+    # the panel shows what the app's API answered: the counts of the generation's stats
+    [stream] = streams
+    done = done_event(stream)
+    assert (done["leak_guard"], done["leak_flagged"], done["leak_redacted"], done["leak_held"]) \
+        == (policy, flagged, cut, kept)
     page.close()
