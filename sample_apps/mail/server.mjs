@@ -160,7 +160,8 @@ function draftRequest(composer) {
 async function prepare(composer) {
   // debounced by the page while the user types; the next draft reuses the prefilled prompt
   if (state.generation) return { prefilling: false, reason: "a draft is being written" };
-  return state.client.prepare(draftRequest(composer));
+  // the device only: the draft goes up when the user asks for help, not while they type
+  return state.client.prepare({ ...draftRequest(composer), open_session: false });
 }
 
 async function draft(res, composer) {

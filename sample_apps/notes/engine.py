@@ -171,7 +171,9 @@ class NotesEngine:
         if self._running.locked():
             return {"prefilling": False, "reason": "a continuation is running"}
         request = self._request(title, body, note_id)
-        self._client().prepare(request.pop("query"), **request)
+        # the device only: the note goes up when the user asks for a continuation, not while
+        # they type (the public request holds their draft)
+        self._client().prepare(request.pop("query"), open_session=False, **request)
         return {"prefilling": True}
 
     def continue_note(self, title: str, body: str, note_id: str | None, emit: Emit) -> None:

@@ -219,7 +219,7 @@ class Client:
                 before: str | None = None, prefix: str = "",
                 exclude: Collection[str] = (), preset: str | None = None,
                 settings: Params | None = None, user_length: bool = True,
-                **params: Any) -> Prepared:
+                open_session: bool = True, **params: Any) -> Prepared:
         """Retrieve and prefill a request ahead of time (while the user is still typing).
 
         Returns at once; the Specialist prefills the private prompt on a background thread
@@ -236,6 +236,10 @@ class Client:
         methods) the first round's draft is made after the prefill. A generation whose public
         prompt or settings differ replaces that session on the same connection; one whose
         private prompt or draft settings differ drafts again.
+
+        open_session=False: nothing leaves the device until the generation is asked for (an
+        app preparing while the user types text they have not yet asked help with: the public
+        request, which may hold their draft, goes up only with the generation).
         """
         prompt, device_prompt = self.render(query, task=task, before=before, prefix=prefix,
                                             exclude=exclude)
@@ -246,7 +250,7 @@ class Client:
             (lambda track, stop: first_draft(track, options, eos, stop))  # noqa: E731
         worker = self._kept.prepare(task, device_prompt.private_ids, then, key)
         session = None
-        if self.companion is not None and options.collaborative:
+        if open_session and self.companion is not None and options.collaborative:
             session = self._sessions.prepare(
                 task, lambda stop: self._connect(cancel=stop),  # type: ignore[arg-type,return-value]
                 device_prompt.public_ids, options)

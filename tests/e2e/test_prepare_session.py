@@ -237,3 +237,18 @@ def test_the_draft_made_ahead_keeps_the_rounds_bans(tiny_model):
     early = first_draft(Track(tiny_model, prompt, 600), Params(k=4, min_new_tokens=2), eos)
     late = first_draft(Track(tiny_model, prompt, 600), Params(k=4, min_new_tokens=0), eos)
     assert early.tokens[0] != free.tokens[0] and late.tokens == free.tokens[:1]
+
+
+def test_prepare_without_a_session_sends_nothing_until_the_generation(tiny_model, tiny_generalist,
+                                                                      store):
+    """open_session=False (the apps, while the user types): the device prefills, nothing goes
+    up; the generation then opens the session itself and writes the same text."""
+    cold = _cold(tiny_model, tiny_generalist, store, REQUEST)
+    channels = _Channels(Verifier(tiny_generalist, tiny_model))
+    client = _client(tiny_model, channels, store)
+    client.prepare(REQUEST, open_session=False, max_new_tokens=30).wait()
+    assert channels.made == [] and channels.up == []
+    result = client.generate(REQUEST, max_new_tokens=30)
+    assert result.text == cold.text and result.stats.prefill_reused > 0
+    assert len(channels.opened()) == 1
+    client.close()

@@ -129,7 +129,8 @@ class Bridge:
         A following `generate` of the same task reuses every prompt token they share."""
         task = params.get("task", "email")
         self.client.prepare(params["query"], task=task, before=params.get("before"),
-                            prefix=params.get("prefix", ""))
+                            prefix=params.get("prefix", ""),
+                            open_session=params.get("open_session", True))
         return {"task": task, "prefilling": True}
 
     def initialize(self, params: dict[str, Any]) -> dict[str, Any]:

@@ -323,6 +323,10 @@ export interface PrepareParams {
    * the user's draft so far: the output continues it (trailing spaces and tabs dropped). Part of the public request: the companion reads it to help continue it (the history stays on the device)
    */
   prefix?: string;
+  /**
+   * also open the companion session over the public request now (default true: the first round then needs no hello and no companion prefill); false: nothing leaves the device until generate (preparing while the user types text not yet offered for help)
+   */
+  open_session?: boolean;
 }
 export interface PrepareResult {
   task: string;
