@@ -95,6 +95,22 @@ function showLeakGuard(s) {
   el.hidden = false;
 }
 
+// Start a suggestion (one at a time): clear the last one, show "writing…", disable `button`
+// and Accept, show Cancel, hide the ready mark, and stream from `url` until `finish`.
+function startSuggestion(url, request, state, button, discard, finish) {
+  if (state.generating) return;
+  clearTimeout(state.typing);
+  discard();
+  state.generating = true;
+  $("suggestion").hidden = false;
+  $("suggestion-state").textContent = "writing…";
+  $("accept").disabled = true;
+  $(button).disabled = true;
+  $("cancel").hidden = false;
+  $("prepared").hidden = true;
+  streamSuggestion(url, request, state, finish);
+}
+
 // Stream a suggestion into #suggestion-text: POST `request` (JSON) to `url`, whose answer is a
 // server-sent event stream; pieces coloured by provenance, a line where the link was lost or
 // came back, and `finish(summary)` at the end. (A POST, not an EventSource: the request carries

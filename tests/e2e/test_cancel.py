@@ -7,6 +7,7 @@ import time
 from dataclasses import dataclass, field
 
 import pytest
+from closing import closed_in_time
 from counting import CountingModel
 
 from specsteer.client import Client
@@ -56,7 +57,7 @@ def test_cancel_between_tokens_ends_the_stream_and_closes_the_session(
     # the stream ended at once: the tokens are the pieces' plus at most a held partial character
     assert stats.cancelled and out[0].text.startswith("".join(p.text for p in pieces))
     assert len(out[0].tokens) < 8
-    assert all(_closed(c) for c in channels.made)  # no companion session is left open
+    assert all(closed_in_time(c) for c in channels.made)  # no companion session is left open
 
 
 def test_cancel_before_the_prefill_ends_it_without_tokens(tiny_model, tiny_generalist, store):
@@ -66,7 +67,7 @@ def test_cancel_before_the_prefill_ends_it_without_tokens(tiny_model, tiny_gener
     cancel.set()
     result = client.generate("Budget", max_new_tokens=40, cancel=cancel)
     assert result.stats.cancelled and result.tokens == [] and result.text == ""
-    assert all(_closed(c) for c in channels.made)
+    assert all(closed_in_time(c) for c in channels.made)
     again = client.generate("Budget", max_new_tokens=40)  # the client is still usable
     assert not again.stats.cancelled and len(again.tokens) > 0
 
@@ -86,7 +87,7 @@ def test_decode_yields_nothing_after_cancel(tiny_model, tiny_generalist, method)
             cancel.set()
     assert len(events) == 3 and stats.cancelled and stats.tokens == 3
     if method != "slm_rag":
-        assert _closed(channel)
+        assert closed_in_time(channel)
 
 
 class _PassHook(CountingModel):
@@ -117,7 +118,7 @@ def test_cancel_during_the_prefill_stops_between_passes_and_keeps_them(
     assert len(hooked.passes) == after  # no pass after the one that saw the cancel
     ran = sum(hooked.passes)
     assert ran < len(private)
-    assert all(_closed(c) for c in channels.made)
+    assert all(closed_in_time(c) for c in channels.made)
     # nothing half-written: the next generation reuses exactly the passes that ran
     again = client.generate("Budget", max_new_tokens=20, warm_start=False)
     cold = Client(tiny_model, history=store, companion=_Channels(
@@ -170,7 +171,7 @@ def test_cancel_during_a_round_does_not_wait_for_the_verdict(
                              pipeline=pipeline)
     assert result.stats.cancelled and not result.stats.degraded and result.tokens == []
     assert len(made) == 1 and sum(isinstance(m, Draft) for m in made[0].up) == 1
-    assert _closed(made[0].inner)  # the companion's session ended with the connection
+    assert closed_in_time(made[0].inner)  # the companion's session ended with the connection
 
 
 def test_cancel_while_drafting_sends_no_draft(tiny_model, tiny_generalist, store):
@@ -182,7 +183,7 @@ def test_cancel_while_drafting_sends_no_draft(tiny_model, tiny_generalist, store
     result = client.generate("Budget", max_new_tokens=40, cancel=cancel, warm_start=False, k=4)
     assert result.stats.cancelled and result.tokens == [] and result.stats.drafted == 0
     assert hooked.after_prompt == [1]  # one drafted token ran, the next never did
-    assert all(_closed(c) for c in channels.made)
+    assert all(closed_in_time(c) for c in channels.made)
 
 
 class _DraftHook(CountingModel):
@@ -199,16 +200,6 @@ class _DraftHook(CountingModel):
             self.after_prompt.append(n)
             self.cancel.set()
 
-
-def _closed(channel: LocalChannel) -> bool:
-    """Whether the channel and its companion session are closed (a cancelled generation
-    closes on a thread of its own: wait for it, with a bound only a leak reaches)."""
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        if channel.closed and channel.endpoint.session is None:
-            return True
-        time.sleep(0.01)
-    return False
 
 
 @dataclass

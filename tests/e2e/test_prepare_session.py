@@ -6,6 +6,7 @@ import threading
 import time
 
 import pytest
+from closing import closed_in_time
 
 from specsteer.client import Client
 from specsteer.device import Params
@@ -54,16 +55,6 @@ class _Channels:
         return [m for m in self.up if isinstance(m, OpenSession)]
 
 
-def _closed(channel: LocalChannel) -> bool:
-    """Whether the channel and its companion session are closed (closing may run on a thread
-    of its own: wait for it, with a generous bound that only a leak reaches)."""
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        if channel.closed and channel.endpoint.session is None:
-            return True
-        time.sleep(0.01)
-    return False
-
 
 def _client(model, channels, store) -> Client:
     return Client(model, history=store, companion=channels)
@@ -87,7 +78,7 @@ def test_a_prepared_session_is_used_as_it_is(tiny_model, tiny_generalist, store,
     assert result.stats.session_reused and not cold.stats.session_reused
     # no second connection, no second OpenSession: the generation went straight to its rounds
     assert len(channels.made) == 1 and len(channels.opened()) == 1
-    assert result.stats.bytes_up > 0 and _closed(channels.made[0])
+    assert result.stats.bytes_up > 0 and closed_in_time(channels.made[0])
 
 
 def test_only_the_public_prompt_goes_up_ahead(tiny_model, tiny_generalist, store):
@@ -99,7 +90,7 @@ def test_only_the_public_prompt_goes_up_ahead(tiny_model, tiny_generalist, store
     assert list(channels.opened()[0].prompt_ids) == list(device_prompt.public_ids)
     assert len(device_prompt.private_ids) > len(device_prompt.public_ids) + 50
     client.close()
-    assert _closed(channels.made[0])  # a session never taken is closed with the client
+    assert closed_in_time(channels.made[0])  # a session never taken is closed with the client
 
 
 def test_a_changed_request_replaces_the_session(tiny_model, tiny_generalist, store):
@@ -114,7 +105,7 @@ def test_a_changed_request_replaces_the_session(tiny_model, tiny_generalist, sto
     assert public[0] != public[1]
     # the stale session was replaced on the same connection by one over the new prompt
     assert [list(m.prompt_ids) for m in channels.opened()] == public
-    assert len(channels.made) == 1 and _closed(channels.made[0])
+    assert len(channels.made) == 1 and closed_in_time(channels.made[0])
 
 
 def test_other_settings_do_not_reuse_the_session(tiny_model, tiny_generalist, store):
@@ -125,7 +116,7 @@ def test_other_settings_do_not_reuse_the_session(tiny_model, tiny_generalist, st
     result = client.generate(REQUEST, max_new_tokens=30, method="llm")
     assert result.tokens == cold.tokens and not result.stats.session_reused
     assert [m.settings.mode for m in channels.opened()] == [Mode.SPECSTEER, Mode.ROWS]
-    assert len(channels.made) == 1 and _closed(channels.made[0])
+    assert len(channels.made) == 1 and closed_in_time(channels.made[0])
 
 
 def test_a_local_method_closes_the_prepared_session(tiny_model, tiny_generalist, store):
@@ -133,7 +124,7 @@ def test_a_local_method_closes_the_prepared_session(tiny_model, tiny_generalist,
     client = _client(tiny_model, channels, store)
     assert client.prepare(REQUEST).wait(timeout=60)
     client.generate(REQUEST, max_new_tokens=10, method="slm_rag")
-    assert len(channels.made) == 1 and _closed(channels.made[0])
+    assert len(channels.made) == 1 and closed_in_time(channels.made[0])
 
 
 def test_preparing_again_replaces_the_session_on_the_same_connection(
@@ -149,7 +140,7 @@ def test_preparing_again_replaces_the_session_on_the_same_connection(
     assert [type(m).__name__ for m in channels.up].count("Hello") == 1
     result = client.generate(CHANGED, max_new_tokens=10)
     assert result.stats.session_reused and len(channels.made) == 1
-    assert _closed(channels.made[0])
+    assert closed_in_time(channels.made[0])
 
 
 def test_preparing_again_while_opening_starts_over(tiny_model, tiny_generalist, store):
@@ -169,7 +160,7 @@ def test_preparing_again_while_opening_starts_over(tiny_model, tiny_generalist, 
     assert first.wait(timeout=60) and second.wait(timeout=60)
     result = client.generate(CHANGED, max_new_tokens=10)
     assert result.stats.session_reused and len(made) == 2
-    assert all(_closed(c) for c in made)
+    assert all(closed_in_time(c) for c in made)
 
 
 def test_a_prepared_session_over_a_socket(tiny_model, tiny_generalist, store):

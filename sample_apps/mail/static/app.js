@@ -97,17 +97,7 @@ const composerRequest = () => ({ reply_to: state.replyTo && state.replyTo.id, to
                                  subject: $("c-subject").value, body: $("c-body").value });
 
 function startDraft() {
-  if (state.generating) return;
-  clearTimeout(state.typing);
-  discard();
-  state.generating = true;
-  $("suggestion").hidden = false;
-  $("suggestion-state").textContent = "writing…";
-  $("accept").disabled = true;
-  $("draft").disabled = true;
-  $("cancel").hidden = false;
-  $("prepared").hidden = true;
-  streamSuggestion("/api/draft", composerRequest(), state, finish);
+  startSuggestion("/api/draft", composerRequest(), state, "draft", discard, finish);
 }
 
 // While the user types, retrieve and prefill the draft on the device (debounced).

@@ -70,17 +70,7 @@ function say(text) { $("status-line").textContent = text; }
 const noteRequest = () => ({ id: state.current && state.current.id, title: $("title").value, body: $("body").value });
 
 function startContinuation() {
-  if (state.generating) return;
-  clearTimeout(state.typing);
-  discard();
-  state.generating = true;
-  $("suggestion").hidden = false;
-  $("suggestion-state").textContent = "writing…";
-  $("accept").disabled = true;
-  $("continue").disabled = true;
-  $("cancel").hidden = false;
-  $("prepared").hidden = true;
-  streamSuggestion("/api/continue", noteRequest(), state, finish);
+  startSuggestion("/api/continue", noteRequest(), state, "continue", discard, finish);
 }
 
 // While the user types, retrieve and prefill the continuation on the device (debounced), so
