@@ -16,6 +16,9 @@ from bridge_process import assert_valid
 from specsteer.bridge import errors
 
 LONG = 1500  # tokens: a generation that is still running when the test acts on it
+# the tiny model may end a long generation early (end-of-text) in well under a second: pieces
+# paced 20 ms apart keep it running for seconds whatever it writes
+PACED = {"max_new_tokens": LONG, "min_token_ms": 20}
 
 
 def error_of(answer: dict) -> dict:
@@ -163,7 +166,7 @@ def test_prepare_then_generate_reuses_the_prefilled_prompt(spawn, companion_url,
 
 def test_a_second_generate_is_refused_while_one_runs(spawn, companion_url) -> None:
     bridge = spawn("--companion", companion_url)
-    first = bridge.send("generate", {"query": "Budget", "max_new_tokens": LONG})
+    first = bridge.send("generate", {"query": "Budget", **PACED})
     second = bridge.send("generate", {"query": "Notes", "max_new_tokens": 8})
     busy = error_of(bridge.answer(second))
     assert busy["code"] == errors.BUSY and busy["data"]["running"] == first
@@ -178,7 +181,7 @@ def test_a_second_generate_is_refused_while_one_runs(spawn, companion_url) -> No
 
 def test_cancel_answers_within_200_ms_and_frees_the_bridge(spawn, companion_url) -> None:
     bridge = spawn("--companion", companion_url)
-    request = bridge.send("generate", {"query": "Budget", "max_new_tokens": LONG})
+    request = bridge.send("generate", {"query": "Budget", **PACED})
     bridge.wait_for(lambda f: f["method"] == "generate.piece")
     sent = time.monotonic()
     cancel = bridge.send("cancel", {"id": request})
@@ -200,7 +203,7 @@ def test_cancel_answers_within_200_ms_and_frees_the_bridge(spawn, companion_url)
 
 def test_closing_stdin_stops_the_bridge_mid_generation(spawn, companion_url) -> None:
     bridge = spawn("--companion", companion_url)
-    bridge.send("generate", {"query": "Budget", "max_new_tokens": LONG})
+    bridge.send("generate", {"query": "Budget", **PACED})
     bridge.wait_for(lambda f: f["method"] == "generate.piece")
     started = time.monotonic()
     assert bridge.close() == 0

@@ -13,7 +13,8 @@ let companion;
 before(async () => { companion = await startCompanion(); });
 after(async () => { await companion?.kill(); });
 
-const LONG = { query: "Budget for the next quarter", max_new_tokens: 1500 };
+// paced 20 ms a piece: the tiny model may reach end-of-text early, in well under a second
+const LONG = { query: "Budget for the next quarter", max_new_tokens: 1500, min_token_ms: 20 };
 
 test("generate streams pieces with provenance; complete, history, prepare", async () => {
   const dir = mkdtempSync(join(tmpdir(), "specsteer-node-"));
