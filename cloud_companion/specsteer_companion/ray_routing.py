@@ -7,12 +7,13 @@ an id goes to the candidate replica holding the fewest open connections of this 
 every later one to that same replica for as long as it is running. The ingress's `release`
 call, the last request of a connection, also ends the connection here, so that the count is of
 open connections: a replica added by autoscaling takes new connections only until it holds as
-many as the others. When it is gone, the next request of
+many as the others. Among replicas holding as many, the one given the fewest connections so far
+takes it (then the lower id): sessions that come one after another alternate, never pile up by
+chance on one replica. When it is gone, the next request of
 the id lands on another replica, which holds no state for it: the ingress closes the device's
 connection and the device resumes its session there (`protocol.Resume`).
 """
 
-import random
 from collections import Counter, OrderedDict
 
 from ray.serve.request_router import (
@@ -34,6 +35,7 @@ class SessionAffinityRouter(FIFOMixin, RequestRouter):
 
     def initialize_state(self, **kwargs: object) -> None:
         self.homes: OrderedDict[str, ReplicaID] = OrderedDict()
+        self.placed: Counter[ReplicaID] = Counter()  # connections given to each, ever
 
     async def choose_replicas(
         self,
@@ -48,8 +50,9 @@ class SessionAffinityRouter(FIFOMixin, RequestRouter):
         home = self.homes.get(session)
         if home not in by_id:
             held = Counter(h for h in self.homes.values() if h in by_id)
-            home = min(by_id, key=lambda rid: (held[rid], random.random()))
+            home = min(by_id, key=lambda rid: (held[rid], self.placed[rid], str(rid)))
             self.homes[session] = home
+            self.placed[home] += 1
             if len(self.homes) > MAX_REMEMBERED:
                 self.homes.popitem(last=False)
         if metadata is not None and metadata.call_method == RELEASE:
