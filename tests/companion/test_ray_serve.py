@@ -198,23 +198,6 @@ def test_sessions_spread_over_the_replicas(cluster, tiny_model, reference):
     assert len([n for n in served.values() if n > 0]) == 2, served
 
 
-def test_more_devices_at_once_than_serve_s_default_of_five(cluster):
-    """Every websocket is one request of the ingress for its whole life: twelve devices hold
-    sessions at once, each served at once (none waits at the proxy for another to leave)."""
-    devices = [cluster.tokens.create(f"device-{n}") for n in range(12)]
-    links = []
-    try:
-        for device in devices:
-            link = cluster.link(device.secret)
-            links.append(link)
-            link.open([1, 2, 3], SESSION)
-        assert all(link.verify([5, 6]).accepted >= 0 for link in links)
-        assert cluster.stats()["open_connections"] == 12
-    finally:
-        for link in links:
-            link.close()
-
-
 def test_tls_only_for_devices_that_trust_the_certificate(cluster, tiny_model):
     assert cluster.url.startswith("wss://")
     untrusting = Client(tiny_model, companion=cluster.url, token=cluster.secret,
