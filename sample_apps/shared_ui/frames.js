@@ -111,6 +111,19 @@ function startSuggestion(url, request, state, button, discard, finish) {
   streamSuggestion(url, request, state, finish);
 }
 
+// End a suggestion (done, cancelled or failed): show `text`, enable Accept if anything was
+// written, give `button` back, hide Cancel and refresh the privacy panel.
+function endSuggestion(state, button, text) {
+  state.generating = false;
+  if (state.stream) state.stream.close();
+  state.stream = null;
+  $("suggestion-state").textContent = text;
+  $("accept").disabled = $("suggestion-text").textContent.length === 0;
+  $(button).disabled = false;
+  $("cancel").hidden = true;
+  refreshFrames();
+}
+
 // Stream a suggestion into #suggestion-text: POST `request` (JSON) to `url`, whose answer is a
 // server-sent event stream; pieces coloured by provenance, a line where the link was lost or
 // came back, and `finish(summary)` at the end. (A POST, not an EventSource: the request carries

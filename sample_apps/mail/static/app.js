@@ -113,14 +113,7 @@ function typed() {
 }
 
 function finish(text) {
-  state.generating = false;
-  if (state.stream) state.stream.close();
-  state.stream = null;
-  $("suggestion-state").textContent = text;
-  $("accept").disabled = $("suggestion-text").textContent.length === 0;
-  $("draft").disabled = false;
-  $("cancel").hidden = true;
-  refreshFrames();
+  endSuggestion(state, "draft", text);
 }
 
 async function cancel() { await api("/api/cancel", { method: "POST", body: "{}" }); }

@@ -89,14 +89,7 @@ function typed() {
 }
 
 function finish(text) {
-  state.generating = false;
-  if (state.stream) state.stream.close();
-  state.stream = null;
-  $("suggestion-state").textContent = text;
-  $("accept").disabled = $("suggestion-text").textContent.length === 0;
-  $("continue").disabled = false;
-  $("cancel").hidden = true;
-  refreshFrames();
+  endSuggestion(state, "continue", text);
 }
 
 async function cancel() {
