@@ -17,7 +17,7 @@ const HERE = dirname(fileURLToPath(import.meta.url));
 export const SCHEMA_DIR = join(HERE, "..", "..", "schema", "v1");
 export const OUTPUT = join(HERE, "..", "src", "generated", "protocol.ts");
 // common.json definitions whose plain names would clash (Record) or say too little (Stats)
-const COMMON_NAMES = { record: "HistoryRecord", stats: "GenerationStats" };
+const COMMON_NAMES = { record: "HistoryRecord", stats: "GenerationStats", request: "GenerationRequest" };
 const BANNER = `/**
  * Types of the SpecSteer bridge protocol v1, generated from bindings/schema/v1 by
  * scripts/generate-types.mjs (json-schema-to-typescript). Do not edit: change the schema and run
@@ -26,11 +26,30 @@ const BANNER = `/**
 
 const pascal = (name) => name.split(/[._]/).map((w) => w[0].toUpperCase() + w.slice(1)).join("");
 
+/**
+ * Params made of shared parts (`allOf` of common.json's `request` and `decoding_options`) are
+ * closed by `unevaluatedProperties: false`, which json-schema-to-typescript does not read: it
+ * would give every part and the whole an index signature (`[k: string]: unknown`) and let a
+ * misspelt option through the compiler. In the TypeScript copy such an object, and each part
+ * (an object with `properties` and no `additionalProperties` of its own), is closed instead;
+ * the intersection of closed parts is the closed whole.
+ */
+function closeComposedObjects(node) {
+  if (Array.isArray(node)) return node.forEach(closeComposedObjects);
+  if (node === null || typeof node !== "object") return;
+  if (node.unevaluatedProperties === false
+      || (node.properties && !("additionalProperties" in node))) {
+    node.additionalProperties = false;
+  }
+  Object.values(node).forEach(closeComposedObjects);
+}
+
 /** Every schema file by file name, each definition titled with the name of its type. */
 function titledSchemas(schemaDir) {
   const docs = {};
   for (const file of readdirSync(schemaDir).filter((f) => f.endsWith(".json")).sort()) {
     const doc = JSON.parse(readFileSync(join(schemaDir, file), "utf8"));
+    closeComposedObjects(doc);
     const stem = file.slice(0, -".json".length);
     for (const [key, definition] of Object.entries(doc.$defs)) {
       definition.title = stem === "common" ? COMMON_NAMES[key] ?? pascal(key)

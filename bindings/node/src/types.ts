@@ -15,9 +15,11 @@ import type {
 } from "./generated/protocol.js";
 
 export type {
+  DecodingOptions,
   FinishReason,
   GenerateParams as GenerateRequest,
   GenerateResult,
+  GenerationRequest,
   GenerationStats,
   HistoryRecord,
   HistoryStatsResult,

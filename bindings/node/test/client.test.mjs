@@ -44,6 +44,17 @@ test("generate streams pieces with provenance; complete, history, prepare", asyn
       { task: "email", prefilling: true });
     await assert.rejects(client.prepare({}),
       (e) => e instanceof BridgeError && e.code === ErrorCodes.INVALID_PARAMS);
+    // prepared with the options of the generate that follows: its session and first draft
+    // are used (prepare answers at once; the tiny model's prefill and draft take milliseconds)
+    const options = { preset: "fast", no_repeat_ngram: 8, max_new_tokens: 16 };
+    await client.prepare({ query: "Budget for the next quarter", ...options });
+    await new Promise((resolve) => setTimeout(resolve, 1500));
+    const prepared = await client.complete({ query: "Budget for the next quarter", ...options,
+      offline: "fail" });
+    assert.ok(prepared.stats.session_reused && prepared.stats.drafted_ahead > 0, prepared.stats);
+    await assert.rejects(client.prepare({ query: "x", no_repeat_ngram: 1 }),
+      (e) => e instanceof BridgeError && e.code === ErrorCodes.INVALID_PARAMS
+        && e.message.includes("no_repeat_ngram"));
     await assert.rejects(client.history.delete(["nope"]),
       (e) => e instanceof BridgeError && e.code === ErrorCodes.RECORD_NOT_FOUND);
     await assert.rejects(client.complete({ query: "x", max_new_tokens: "many" }),

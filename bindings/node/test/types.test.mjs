@@ -3,8 +3,11 @@
 import assert from "node:assert/strict";
 import { cpSync, mkdtempSync, readFileSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
-import { join } from "node:path";
+import { dirname, join } from "node:path";
 import { test } from "node:test";
+import { fileURLToPath } from "node:url";
+
+import ts from "typescript";
 
 import { generate, OUTPUT, SCHEMA_DIR } from "../scripts/generate-types.mjs";
 
@@ -24,4 +27,14 @@ test("a schema change changes the generated types", async () => {
   const changed = await generate(dir);
   assert.notEqual(changed, readFileSync(OUTPUT, "utf8"));
   assert.match(changed, /export interface GeneratePieceParams \{[^}]*\n {2}logprob: number;/);
+});
+
+test("prepare takes generate's decoding options, typed; wrong ones do not compile", () => {
+  const file = join(dirname(fileURLToPath(import.meta.url)), "typed", "prepare-options.ts");
+  const program = ts.createProgram([file], {
+    strict: true, noEmit: true, target: ts.ScriptTarget.ES2022, module: ts.ModuleKind.NodeNext,
+    moduleResolution: ts.ModuleResolutionKind.NodeNext, skipLibCheck: true, types: ["node"] });
+  const problems = ts.getPreEmitDiagnostics(program).map((d) =>
+    `${d.file ? d.file.fileName.split("/").pop() + ":" + (d.file.getLineAndCharacterOfPosition(d.start).line + 1) : ""} ${ts.flattenDiagnosticMessageText(d.messageText, " ")}`);
+  assert.deepEqual(problems, []);
 });

@@ -41,10 +41,13 @@ Respond = Callable[[Any, BridgeError | None], None]  # (result, error): exactly 
 Notify = Callable[[str, dict[str, Any]], None]
 
 NOTIFICATIONS = ["generate.piece", "generate.mode", "generate.stats"]
-# decoding options passed to Client.stream as they are (`query` and `task` are positional)
-_STREAM_OPTIONS = ("preset", "stop", "offline", "before", "prefix", "method", "max_new_tokens",
-                   "temperature", "gamma", "alpha", "k", "adaptive_k", "top_k", "top_p", "seed",
-                   "no_repeat_ngram", "leak_guard")
+# the decoding options of generate and prepare (common.json `decoding_options`): passed to
+# Client.stream and Client.prepare as they are, so what prepare makes ahead (the first round's
+# draft, the companion session) is keyed by the settings the generate will use
+DECODING_OPTIONS = ("preset", "method", "max_new_tokens", "temperature", "gamma", "alpha", "k",
+                    "adaptive_k", "top_k", "top_p", "seed", "no_repeat_ngram", "leak_guard")
+# what only a stream takes besides them (`query` and `task` are positional)
+_STREAM_OPTIONS = (*DECODING_OPTIONS, "stop", "offline", "before", "prefix")
 
 
 @dataclass
@@ -130,7 +133,8 @@ class Bridge:
         task = params.get("task", "email")
         self.client.prepare(params["query"], task=task, before=params.get("before"),
                             prefix=params.get("prefix", ""),
-                            open_session=params.get("open_session", True))
+                            open_session=params.get("open_session", True),
+                            **_options(params, DECODING_OPTIONS))
         return {"task": task, "prefilling": True}
 
     def initialize(self, params: dict[str, Any]) -> dict[str, Any]:
@@ -186,7 +190,9 @@ class Bridge:
         return {}
 
     def close(self, wait_s: float = 5.0) -> None:
-        """Cancel a running generation and wait (bounded) for the workers to stop."""
+        """Cancel a running generation and wait (bounded) for the workers to stop; then stop
+        what `prepare` runs in the background (a native prefill still running when the
+        process exits aborts it) and close the sessions it opened."""
         running = self._running
         if running is not None:
             running.cancel.set()
@@ -194,6 +200,8 @@ class Bridge:
             if not running.done.wait(wait_s):
                 log.warning("the generation worker did not stop within %.1f s", wait_s)
         self._history_thread.shutdown(wait=True, cancel_futures=True)
+        if running is None or running.done.is_set():  # else the worker still holds the model
+            self.client.close()
 
     # -- history ---------------------------------------------------------------------------------
     def _run_history(self, method: str, params: dict[str, Any], respond: Respond) -> None:
@@ -254,9 +262,7 @@ class Bridge:
                     self._running = None
 
     def _decode(self, generation: _Generation, params: dict[str, Any]) -> None:
-        options = {name: params[name] for name in _STREAM_OPTIONS if name in params}
-        if options.get("preset") == "default":
-            options.pop("preset")
+        options = _options(params, _STREAM_OPTIONS)
         out: list[Result] = []
 
         def on_mode(change: ModeChange) -> None:
@@ -319,6 +325,14 @@ def stats_json(result: Result) -> dict[str, Any]:
     stats = {k: list(v) if isinstance(v, tuple) else v for k, v in vars(result.stats).items()}
     stats["bytes_per_token"] = result.stats.bytes_per_token
     return stats
+
+
+def _options(params: dict[str, Any], names: tuple[str, ...]) -> dict[str, Any]:
+    """The `names` given in `params`, as Client keyword arguments ("default" preset = none)."""
+    options = {name: params[name] for name in names if name in params}
+    if options.get("preset") == "default":
+        options.pop("preset")
+    return options
 
 
 def _cancelled(pieces: list[Piece]) -> dict[str, Any]:

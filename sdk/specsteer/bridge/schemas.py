@@ -57,13 +57,51 @@ def validator(name: str, part: str) -> Any:
 
 def check_params(method: str, params: Any) -> dict[str, Any]:
     """`params` when they match the method's schema; else an INVALID_PARAMS error naming why."""
-    errors = sorted(validator(method, "params").iter_errors(params), key=lambda e: list(e.path))
-    if errors:
-        first = errors[0]
-        where = "params" + "".join(f"[{p!r}]" for p in first.absolute_path)
-        raise BridgeError(INVALID_PARAMS, f"{where}: {first.message}",
-                          errors=[_describe(e) for e in errors[:10]])
+    problems = _problems(method, params)
+    if problems:
+        first = problems[0]
+        where = "params" + "".join(f"[{p!r}]" for p in first["path"])
+        raise BridgeError(INVALID_PARAMS, f"{where}: {first['message']}", errors=problems[:10])
     return params
+
+
+def _problems(method: str, params: Any) -> list[dict[str, Any]]:
+    """Every error, outermost first. Params made of shared parts (`allOf` of common.json's
+    `request` and `decoding_options`) are closed by `unevaluatedProperties`, which also
+    reports a member whose own value is wrong (a part that fails evaluates nothing): that
+    error is replaced by one naming only the members the method does not declare."""
+    found, unknown = [], []
+    for error in validator(method, "params").iter_errors(params):
+        if error.validator == "unevaluatedProperties" and not error.path:
+            declared = declared_members(method)
+            unknown = [name for name in error.instance if name not in declared]
+        else:
+            found.append(_describe(error))
+    if unknown:
+        listed = ", ".join(repr(name) for name in unknown)
+        found.append({"path": [], "message": f"Additional properties are not allowed ({listed} "
+                      f"{'was' if len(unknown) == 1 else 'were'} unexpected)"})
+    unique = {repr(problem): problem for problem in found}  # each part refuses a non-object
+    return sorted(unique.values(), key=lambda problem: problem["path"])
+
+
+@cache
+def declared_members(method: str) -> frozenset[str]:
+    """The names the params of `method` declare: its own and those of the parts it composes."""
+    resolver = _registry().resolver(base_uri=f"{BASE_URI}{method}.json")
+    names: set[str] = set()
+
+    def walk(resolved: Any) -> None:
+        schema = resolved.contents
+        names.update(schema.get("properties", {}))
+        for part in schema.get("allOf", []):
+            if "$ref" in part:
+                walk(resolved.resolver.lookup(part["$ref"]))
+            else:
+                names.update(part.get("properties", {}))
+
+    walk(resolver.lookup("#/$defs/params"))
+    return frozenset(names)
 
 
 def _describe(error: Any) -> dict[str, Any]:

@@ -8,6 +8,18 @@
  * the JSON-RPC id of a generate request
  */
 export type RequestId = string | number;
+export type GenerateParams = GenerationRequest &
+  DecodingOptions & {
+    /**
+     * @maxItems 16
+     */
+    stop?: string[];
+    offline?: string;
+    /**
+     * at least this long between two pieces: paces a fast model's stream for reading (the decoding waits, so a reconnect can land mid-text)
+     */
+    min_token_ms?: number;
+  };
 /**
  * ISO-8601 date/time or a year
  */
@@ -25,6 +37,13 @@ export type HistoryForgetParams =
   | {
       all: true;
     };
+export type PrepareParams = GenerationRequest &
+  DecodingOptions & {
+    /**
+     * also open the companion session over the public request now (default true: the first round then needs no hello and no companion prefill); false: nothing leaves the device until generate (preparing while the user types text not yet offered for help)
+     */
+    open_session?: boolean;
+  };
 export type Mode = "collaborative" | "local";
 
 export interface BridgeProtocol {
@@ -39,6 +58,8 @@ export interface BridgeProtocol {
     time_like?: TimeLike;
     mode?: Mode;
     finish_reason?: FinishReason;
+    request?: GenerationRequest;
+    decoding_options?: DecodingOptions;
   };
 }
 /**
@@ -103,7 +124,10 @@ export interface CancelResult {
    */
   cancelled: boolean;
 }
-export interface GenerateParams {
+/**
+ * What generate and prepare are asked: the request, its task, the history's horizon and the user's draft. A part of their params (allOf), which close the object with unevaluatedProperties.
+ */
+export interface GenerationRequest {
   /**
    * a plain string fills the task's first field
    */
@@ -113,29 +137,17 @@ export interface GenerateParams {
         [k: string]: string;
       };
   task?: string;
-  preset?: "default" | "fast" | "strict";
-  /**
-   * @maxItems 16
-   */
-  stop?: string[];
-  offline?: string;
   before?: TimeLike;
-  /**
-   * at least this long between two pieces: paces a fast model's stream for reading (the decoding waits, so a reconnect can land mid-text)
-   */
-  min_token_ms?: number;
   /**
    * the user's draft so far: the output continues it (trailing spaces and tabs dropped). Part of the public request: the companion reads it to help continue it (the history stays on the device)
    */
   prefix?: string;
-  /**
-   * never repeat an n-gram of this length in the output (a device-only rule that stops greedy decoding from looping); 0 (the default) is off, otherwise at least 2
-   */
-  no_repeat_ngram?: number;
-  /**
-   * what a draft that copies private history verbatim does: allow (sent, counted; the default), redact (cut from the draft), hold (the rest is written on the device alone); the counts are in stats.leak_flagged / leak_redacted / leak_held
-   */
-  leak_guard?: "allow" | "redact" | "hold";
+}
+/**
+ * The decoding options of generate; prepare takes them too, so that what it makes ahead (the first round's draft, the companion session) is what the generate with the same options uses. A part of their params (allOf), which close the object with unevaluatedProperties.
+ */
+export interface DecodingOptions {
+  preset?: "default" | "fast" | "strict";
   method?: "specsteer" | "slm" | "slm_rag" | "llm" | "speculative" | "light_costeer" | "costeer";
   max_new_tokens?: number;
   temperature?: number;
@@ -146,6 +158,14 @@ export interface GenerateParams {
   top_k?: number;
   top_p?: number;
   seed?: number;
+  /**
+   * never repeat an n-gram of this length in the output (a device-only rule that stops greedy decoding from looping); 0 (the default) is off, otherwise at least 2
+   */
+  no_repeat_ngram?: number;
+  /**
+   * what a draft that copies private history verbatim does: allow (sent, counted; the default), redact (cut from the draft), hold (the rest is written on the device alone); the counts are in stats.leak_flagged / leak_redacted / leak_held
+   */
+  leak_guard?: "allow" | "redact" | "hold";
 }
 export interface GenerateResult {
   text: string;
@@ -179,6 +199,14 @@ export interface GenerationStats {
   prefill_reused?: number;
   prefill_tokens?: number;
   warm_tokens?: number;
+  /**
+   * the companion session prepare opened ahead was used as it was (prepared with the generate's decoding options)
+   */
+  session_reused?: boolean;
+  /**
+   * tokens of the first round's draft prepare made after its prefill (greedy drafting with the generate's draft settings)
+   */
+  drafted_ahead?: number;
   switch_s?: number | null;
   cancelled?: boolean;
   /**
@@ -307,26 +335,6 @@ export interface InitializeResult {
    * base URL of the OpenAI-compatible endpoint (--http), or null
    */
   http?: string | null;
-}
-export interface PrepareParams {
-  /**
-   * a plain string fills the task's first field
-   */
-  query:
-    | string
-    | {
-        [k: string]: string;
-      };
-  task?: string;
-  before?: TimeLike;
-  /**
-   * the user's draft so far: the output continues it (trailing spaces and tabs dropped). Part of the public request: the companion reads it to help continue it (the history stays on the device)
-   */
-  prefix?: string;
-  /**
-   * also open the companion session over the public request now (default true: the first round then needs no hello and no companion prefill); false: nothing leaves the device until generate (preparing while the user types text not yet offered for help)
-   */
-  open_session?: boolean;
 }
 export interface PrepareResult {
   task: string;
