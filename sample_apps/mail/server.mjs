@@ -157,11 +157,18 @@ function draftRequest(composer) {
   return { ...request, prefix: String(composer.body || "") };
 }
 
+// The decoding options of a draft, sent with prepare too: the first round's draft that
+// prepare makes ahead is kept only for a generate with the same draft settings.
+function draftOptions() {
+  return { preset: settings.preset, max_new_tokens: maxNewTokens, no_repeat_ngram: NO_REPEAT_NGRAM,
+           leak_guard: settings.leak_guard };
+}
+
 async function prepare(composer) {
   // debounced by the page while the user types; the next draft reuses the prefilled prompt
   if (state.generation) return { prefilling: false, reason: "a draft is being written" };
   // the device only: the draft goes up when the user asks for help, not while they type
-  return state.client.prepare({ ...draftRequest(composer), open_session: false });
+  return state.client.prepare({ ...draftRequest(composer), ...draftOptions(), open_session: false });
 }
 
 async function draft(res, composer) {
@@ -176,8 +183,7 @@ async function draft(res, composer) {
   send("mode", { mode: settings.companion ? state.mode : "local", reason: state.reason });
   try {
     const generation = state.client.generate(
-      { ...draftRequest(composer), preset: settings.preset, max_new_tokens: maxNewTokens,
-        min_token_ms: minTokenMs, no_repeat_ngram: NO_REPEAT_NGRAM, leak_guard: settings.leak_guard },
+      { ...draftRequest(composer), ...draftOptions(), min_token_ms: minTokenMs },
       { signal: controller.signal });
     for await (const piece of generation) send("piece", piece);
     const result = await generation.result;
@@ -185,7 +191,7 @@ async function draft(res, composer) {
     send("done", { tokens: s.tokens, acceptance_rate: s.acceptance_rate, bytes_up: s.bytes_up,
                    bytes_down: s.bytes_down, degraded: s.degraded, reconnects: s.reconnects,
                    prefill_reused: s.prefill_reused, prefill_tokens: s.prefill_tokens,
-                   leak_guard: settings.leak_guard, leak_flagged: s.leak_flagged,
+                   drafted_ahead: s.drafted_ahead, leak_guard: settings.leak_guard, leak_flagged: s.leak_flagged,
                    leak_redacted: s.leak_redacted, leak_held: s.leak_held });
   } catch (error) {
     send(error.name === "AbortError" ? "cancelled" : "failed", { error: error.message });

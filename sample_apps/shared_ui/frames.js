@@ -148,7 +148,8 @@ function streamSuggestion(url, request, state, finish) {
     done(s) {
       showLeakGuard(s);
       const ready = s.prefill_reused
-        ? ` · ${s.prefill_reused} of ${s.prefill_reused + s.prefill_tokens} prompt tokens prefilled before you asked` : "";
+        ? ` · ${s.prefill_reused} of ${s.prefill_reused + s.prefill_tokens} prompt tokens prefilled before you asked`
+          + (s.drafted_ahead ? ` · first ${s.drafted_ahead} tokens drafted while you typed` : "") : "";
       finish(`${s.tokens} tokens · ${(s.acceptance_rate * 100).toFixed(0)}% drafts accepted · ${s.bytes_up + s.bytes_down} bytes on the wire`
         + (s.degraded ? " · partly offline" : "") + ready);
     },

@@ -156,6 +156,28 @@ def test_reply_draft_offline_and_back_then_send(browser, mail_app, tmp_path: Pat
     page.close()
 
 
+def test_a_draft_prepared_while_typing_starts_from_the_draft_made_ahead(browser, mail_app):
+    """The server prepares with the draft's decoding options (`no_repeat_ngram` 8, its
+    `max_new_tokens`...): the first round's draft made after the prefill is the one the draft
+    uses (`stats.drafted_ahead`, shown in the suggestion's state line). Prepared without them,
+    the bridge drafted for other settings and the draft drafted again."""
+    url, _, _ = mail_app
+    page = browser.new_page()
+    page.goto(url)
+    page.wait_for_selector("#badge.online")
+    page.click("#messages li >> text=Frost on plot 14")
+    page.click("#reply")
+    page.fill("#c-body", DRAFT)
+    page.wait_for_selector("#prepared:visible")
+    page.wait_for_timeout(1500)  # prepare answers at once; the tiny model drafts in milliseconds
+    page.click("#draft")
+    page.wait_for_selector("#draft:enabled", timeout=60000)
+    done = page.inner_text("#suggestion-state")
+    ahead = re.search(r"first (\d+) tokens drafted while you typed", done)
+    assert ahead and int(ahead.group(1)) > 0, done
+    page.close()
+
+
 def test_import_my_mbox(browser, mail_app, tmp_path: Path) -> None:
     url, _, history = mail_app
     mbox = tmp_path / "mine.mbox"
