@@ -306,7 +306,11 @@ export class SpecSteerClient extends EventEmitter<SpecSteerClientEvents> {
     return this.request("status");
   }
 
-  /** Retrieve and prefill while the user types; the next generate of the task reuses it. */
+  /**
+   * Retrieve and prefill while the user types; the next generate of the task reuses it. Give it
+   * that generate's decoding options (`DecodingOptions`): the companion session and the first
+   * round's draft made ahead are kept only for a generate with the same settings.
+   */
   prepare(params: PrepareParams): Promise<ResultOf<"prepare">> {
     return this.request("prepare", params);
   }
