@@ -15,6 +15,7 @@ from specsteer.steer import (
     classic_accept_greedy,
     classic_accept_sampling,
     costeer,
+    end_probability,
     fuse,
     light_costeer,
     log_softmax,
@@ -444,3 +445,14 @@ def test_repeated_ngram_bans_names_the_tokens_that_would_repeat_an_ngram():
     assert repeated_ngram_bans(out, 4) == frozenset()  # "7 5 6" never occurred before
     assert repeated_ngram_bans(out, 0) == frozenset()
     assert repeated_ngram_bans([9], 2) == frozenset()
+
+
+def test_end_probability_of_a_full_row_and_of_the_companion_s_top_k() -> None:
+    eos = frozenset({3, 4})
+    probs = np.array([0.1, 0.2, 0.1, 0.35, 0.25])
+    logits = np.log(probs) + 7.0  # unnormalised, as a model's row
+    assert end_probability(logits, eos) == pytest.approx(0.6, abs=1e-6)
+    ids = np.array([1, 3, 0])  # the companion's top-k: log-probabilities of these ids only
+    assert end_probability(np.log(probs[ids]), eos, ids) == pytest.approx(0.35, abs=1e-6)
+    # an end-of-text id outside the top-k counts as nothing
+    assert end_probability(np.log(probs[[1, 0]]), eos, np.array([1, 0])) == 0.0

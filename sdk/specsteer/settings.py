@@ -42,6 +42,10 @@ class Params:
     # end-of-text is held back before this many tokens (the user's typical length, on the
     # device only: `Client` sets it from the history's length policy; never sent up)
     min_new_tokens: int = 0
+    # ...unless the deciding model (the Specialist, which sees the user's texts; the Generalist
+    # for the LLM alone) puts more than this probability on ending: a finished letter or a
+    # refusal ends instead of growing filler to the minimum (1: always held back)
+    end_release: float = 0.5
     # never repeat an n-gram of the output itself (0: off); device-only like min_new_tokens
     no_repeat_ngram: int = 0
     seed: int = _WIRE.seed
@@ -81,6 +85,8 @@ class Params:
                              f"not {self.leak_guard!r}")
         if self.leak_guard_n < 2:
             raise ValueError("leak_guard_n must be at least 2")
+        if not 0.0 < self.end_release <= 1.0:
+            raise ValueError("end_release must be in (0, 1]")
         if self.no_repeat_ngram < 0 or self.no_repeat_ngram == 1:
             raise ValueError("no_repeat_ngram must be 0 (off) or at least 2")
         if self.adaptive_k and not 1 <= self.k <= self.k_max:

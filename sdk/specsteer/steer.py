@@ -28,6 +28,7 @@ __all__ = [
     "classic_accept_greedy",
     "classic_accept_sampling",
     "costeer",
+    "end_probability",
     "forbid",
     "fuse",
     "light_costeer",
@@ -311,6 +312,18 @@ def forbid(row: np.ndarray, ids: frozenset[int] | Sequence[int]) -> np.ndarray:
     out = np.array(row, copy=True)
     out[np.fromiter(ids, dtype=np.int64)] = -np.inf
     return out
+
+
+def end_probability(
+    row: np.ndarray, eos: frozenset[int], ids: np.ndarray | None = None
+) -> float:
+    """Probability that the text ends here: the mass of `eos` under `row`, which is either
+    logits over the whole vocabulary (`ids` None) or the log-probabilities of `ids` (the
+    companion's top-k, where an id outside them counts as 0)."""
+    if ids is None:
+        logp = _log_softmax(np.asarray(row))
+        return float(np.exp(logp[np.fromiter(eos, dtype=np.int64)]).sum())
+    return float(np.exp(np.asarray(row)[np.isin(ids, list(eos))]).sum())
 
 
 def repeated_ngram_bans(output: Sequence[int], n: int) -> frozenset[int]:

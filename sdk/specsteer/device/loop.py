@@ -17,7 +17,7 @@ from dataclasses import replace
 import numpy as np
 
 from specsteer import steer
-from specsteer.device.drafting import Drafted, choose
+from specsteer.device.drafting import Drafted, bans, choose
 from specsteer.device.events import DecodeStats, DevicePrompt, TokenEvent
 from specsteer.device.leak_guard import LeakGuard, LeakHeld
 from specsteer.device.offline import LINK_ERRORS, ModeChange, OfflinePolicy, Reconnector
@@ -357,10 +357,7 @@ class _Generation:
         """The Specialist alone (local methods, offline-degraded mode): one round per token."""
         t0 = time.perf_counter()
         row = self.local.row
-        banned = steer.repeated_ngram_bans(self.out, self.params.no_repeat_ngram)
-        if len(self.out) < self.params.min_new_tokens:
-            banned |= self.eos
-        row = steer.forbid(row, banned)
+        row = steer.forbid(row, bans(self.params, self.eos, len(self.out), self.out, row))
         token = choose(row, self.params.temperature, self.rng)
         if token not in self.eos:
             self.local.push(token)

@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator
 import numpy as np
 
 from specsteer import steer
-from specsteer.device.drafting import Drafted, budget, draft
+from specsteer.device.drafting import Drafted, bans, budget, draft
 from specsteer.device.events import DecodeStats
 from specsteer.device.leak_guard import LeakGuard, LeakHeld, best_allowed
 from specsteer.draft_length import DraftLength
@@ -39,21 +39,13 @@ def s0_placed_on_device(params: Params, hello_ok: HelloOk | None) -> bool:
     return hello_ok is not None and not hello_ok.specialist_sha256
 
 
-def bans(params: Params, eos: frozenset[int], position: int, context: list[int]
-         ) -> frozenset[int]:
-    """Ids the token at output `position` may not be, after the output `context`:
-    end-of-text before the minimum length, and a repeat of an output n-gram."""
-    early = eos if position < params.min_new_tokens else frozenset()
-    return early | steer.repeated_ngram_bans(context, params.no_repeat_ngram)
-
-
-def first_draft_key(params: Params) -> tuple[int, int, int] | None:
+def first_draft_key(params: Params) -> tuple[int, int, float, int] | None:
     """What the first round's draft depends on besides the private prompt (None: it cannot
     be made ahead: sampling, or a method that does not draft)."""
     if params.temperature > 0 or params.method not in MODES:
         return None
     size = budget(params, params.k, 0)  # end-of-text is banned at the positions below:
-    return size, min(params.min_new_tokens, size), params.no_repeat_ngram
+    return size, min(params.min_new_tokens, size), params.end_release, params.no_repeat_ngram
 
 
 def first_draft(local: Track, params: Params, eos: frozenset[int],
@@ -61,7 +53,7 @@ def first_draft(local: Track, params: Params, eos: frozenset[int],
     """The first round's draft, made ahead of the request (`Client.prepare`): exactly what
     `SteeredRounds` drafts first (greedy); `stop` may cut it short, the round finishes it."""
     return draft(local, budget(params, params.k, 0), 0.0, None, eos, stop=stop,
-                 banned=lambda drafted: bans(params, eos, len(drafted), list(drafted)))
+                 banned=lambda drafted, row: bans(params, eos, len(drafted), list(drafted), row))
 
 
 def session_settings(params: Params, link: CompanionLink) -> SessionSettings:
@@ -196,7 +188,7 @@ class SteeredRounds:
         self.withheld = None
         context = [*self.text, *drafted[:n]]
         token = self._recover(verdict, current.rows[n], s0_row, context,
-                              withheld, self._bans(self.produced + n, context))
+                              withheld, self._bans(self.produced + n, context, current.rows[n]))
         bet_won = None if self.ahead is None else n == len(drafted) and token == guess
         if self.sizer is not None and self.mode is Mode.SPECSTEER:
             self.k = self.sizer.observe(
@@ -297,7 +289,7 @@ class SteeredRounds:
             return None
         after = self.produced + len(drafted)
         guess = int(np.argmax(steer.forbid(
-            current.rows[-1], self._bans(after, [*self.text, *drafted]))))
+            current.rows[-1], self._bans(after, [*self.text, *drafted], current.rows[-1]))))
         size = budget(self.params, self.k, after + 1)
         if guess in self.eos or size <= 0:
             return guess
@@ -314,14 +306,14 @@ class SteeredRounds:
             self.ahead_s0 = self.s0.extend([guess, *self.ahead.tokens])
         return guess
 
-    def _bans(self, position: int, context: list[int]) -> frozenset[int]:
-        return bans(self.params, self.eos, position, context)
+    def _bans(self, position: int, context: list[int], row: np.ndarray) -> frozenset[int]:
+        return bans(self.params, self.eos, position, context, row)
 
     def _bans_after(
         self, position: int, context: list[int]
-    ) -> Callable[[list[int]], frozenset[int]]:
+    ) -> Callable[[list[int], np.ndarray], frozenset[int]]:
         """`_bans` for each next token of a draft that starts at `position` after `context`."""
-        return lambda drafted: self._bans(position + len(drafted), [*context, *drafted])
+        return lambda drafted, row: self._bans(position + len(drafted), [*context, *drafted], row)
 
     def _recover(
         self,
@@ -405,9 +397,10 @@ def row_tokens(
                 scores = steer.costeer(
                     logp_g, logp_sc, logp_s0, iterations=params.costeer_iterations, beta=params.beta
                 )
-        banned = steer.repeated_ngram_bans(committed_all, params.no_repeat_ngram)
-        if len(committed_all) < params.min_new_tokens:
-            banned |= eos
+        # the model the token is picked from decides an early end: the Generalist alone, or
+        # the Specialist (which sees the user's texts) for the steered baselines
+        banned = bans(params, eos, len(committed_all), committed_all,
+                      *((logp_g, ids) if params.method == "llm" else (local.row,)))
         if banned:
             scores = np.where(np.isin(ids, list(banned)), -np.inf, scores)
         token = steer.pick(ids, scores, params.temperature, rng) \
