@@ -19,6 +19,7 @@ from specsteer.steer import (
     fuse,
     light_costeer,
     log_softmax,
+    opening_bans,
     pick,
     ratio_accept_count,
     repeated_ngram_bans,
@@ -456,3 +457,13 @@ def test_end_probability_of_a_full_row_and_of_the_companion_s_top_k() -> None:
     assert end_probability(np.log(probs[ids]), eos, ids) == pytest.approx(0.35, abs=1e-6)
     # an end-of-text id outside the top-k counts as nothing
     assert end_probability(np.log(probs[[1, 0]]), eos, np.array([1, 0])) == 0.0
+
+
+def test_opening_bans_only_the_token_that_completes_an_opening_at_the_start() -> None:
+    openings = [(5, 6, 7), (5, 9), (4,)]
+    assert opening_bans([], openings) == {4}  # a one-token opening: banned at the start
+    assert opening_bans([5], openings) == {9}  # "I'm" may open a text, "I'm sorry" may not
+    assert opening_bans([5, 6], openings) == {7}
+    assert opening_bans([5, 6, 7], openings) == frozenset()  # past every opening
+    assert opening_bans([1, 5, 6], openings) == frozenset()  # not at the start: free
+    assert opening_bans([5, 6], []) == frozenset()

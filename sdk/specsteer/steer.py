@@ -34,6 +34,7 @@ __all__ = [
     "light_costeer",
     "log_softmax",
     "nucleus",
+    "opening_bans",
     "pick",
     "possible_only",
     "repeated_ngram_bans",
@@ -324,6 +325,15 @@ def end_probability(
         logp = _log_softmax(np.asarray(row))
         return float(np.exp(logp[np.fromiter(eos, dtype=np.int64)]).sum())
     return float(np.exp(np.asarray(row)[np.isin(ids, list(eos))]).sum())
+
+
+def opening_bans(output: Sequence[int], openings: Sequence[Sequence[int]]) -> frozenset[int]:
+    """Tokens that would make `output` exactly one of `openings` (id sequences), checked
+    at the start of a text: the phrase's last token is banned, its beginning stays free
+    ("I'm" may open a text, "I'm sorry" may not)."""
+    n = len(output)
+    return frozenset(seq[-1] for seq in openings
+                     if len(seq) == n + 1 and tuple(seq[:-1]) == tuple(output))
 
 
 def repeated_ngram_bans(output: Sequence[int], n: int) -> frozenset[int]:

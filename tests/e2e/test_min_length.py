@@ -188,3 +188,34 @@ def test_no_repeat_ngram_holds_in_draft_verify_recover_rounds(tiny_model, tiny_g
     guarded = _run(tiny_model, tiny_generalist,
                    Params(max_new_tokens=200, pipeline=pipeline, no_repeat_ngram=2))
     assert not _repeats(guarded, 2)
+
+
+@dataclass
+class _Writes:
+    """The same tokenizer, which writes the phrase `text` as `ids` (the tiny tokenizer's
+    decode does not round-trip, so the test names the ids of an opening directly)."""
+
+    base: object
+    text: str
+    ids: list[int]
+
+    def encode(self, text: str, **kwargs) -> list[int]:
+        return list(self.ids) if text == self.text else self.base.encode(text, **kwargs)
+
+    def __getattr__(self, name: str):
+        return getattr(self.base, name)
+
+
+@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("pipeline", [True, False])
+def test_no_method_opens_with_a_meta_answer(tiny_model, tiny_generalist, method, pipeline):
+    # declare what the method opens with a meta answer: it must open otherwise, and only the
+    # phrase's last token is banned (the same first tokens may still open the text)
+    free = _run(tiny_model, tiny_generalist, Params(method=method, max_new_tokens=12,
+                                                    pipeline=pipeline, meta_openings=()))
+    model = _Model(tiny_model, _Writes(tiny_model.tokenizer, "As an AI", free[:3]))
+    steered = _run(model, tiny_generalist, Params(
+        method=method, max_new_tokens=12, pipeline=pipeline, meta_openings=("As an AI",)))
+    assert steered[:2] == free[:2] and steered[2] != free[2]
+    assert _run(model, tiny_generalist, Params(method=method, max_new_tokens=12,
+                                               pipeline=pipeline, meta_openings=())) == free

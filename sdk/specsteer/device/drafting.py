@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -38,15 +38,18 @@ class Drafted:
 
 
 def bans(params: Params, eos: frozenset[int], position: int, context: list[int],
-         row: np.ndarray, ids: np.ndarray | None = None) -> frozenset[int]:
-    """Ids the token at output `position` may not be, after the output `context`:
-    end-of-text before the minimum length, unless the deciding model's `row` there (logits, or
-    log-probabilities of `ids`: `steer.end_probability`) puts more than `end_release` on it,
-    and a repeat of an output n-gram."""
+         row: np.ndarray, ids: np.ndarray | None = None,
+         openings: Sequence[Sequence[int]] = ()) -> frozenset[int]:
+    """Ids the token at `position` of this session's output may not be, after the whole
+    output `context`: end-of-text before the minimum length, unless the deciding model's `row`
+    there (logits, or log-probabilities of `ids`: `steer.end_probability`) puts more than
+    `end_release` on it; a repeat of an output n-gram; the end of a meta-answer opening
+    (`openings`: `meta_answers.opening_ids` of `params.meta_openings`)."""
     held = position < params.min_new_tokens \
         and steer.end_probability(row, eos, ids) <= params.end_release
-    repeats = steer.repeated_ngram_bans(context, params.no_repeat_ngram)
-    return eos | repeats if held else repeats
+    rules = steer.repeated_ngram_bans(context, params.no_repeat_ngram) \
+        | steer.opening_bans(context, openings)
+    return eos | rules if held else rules
 
 
 def budget(params: Params, k: int, produced: int) -> int:
