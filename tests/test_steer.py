@@ -457,6 +457,8 @@ def test_end_probability_of_a_full_row_and_of_the_companion_s_top_k() -> None:
     assert end_probability(np.log(probs[ids]), eos, ids) == pytest.approx(0.35, abs=1e-6)
     # an end-of-text id outside the top-k counts as nothing
     assert end_probability(np.log(probs[[1, 0]]), eos, np.array([1, 0])) == 0.0
+    # a log-probability rounded above 0 is still certainty, so end_release 1 always holds
+    assert end_probability(np.array([1e-6, -20.0]), frozenset({0}), np.array([0, 1])) == 1.0
 
 
 def test_opening_bans_only_the_token_that_completes_an_opening_at_the_start() -> None:

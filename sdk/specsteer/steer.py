@@ -323,8 +323,10 @@ def end_probability(
     companion's top-k, where an id outside them counts as 0)."""
     if ids is None:
         logp = _log_softmax(np.asarray(row))
-        return float(np.exp(logp[np.fromiter(eos, dtype=np.int64)]).sum())
-    return float(np.exp(np.asarray(row)[np.isin(ids, list(eos))]).sum())
+        mass = np.exp(logp[np.fromiter(eos, dtype=np.int64)]).sum()
+    else:
+        mass = np.exp(np.asarray(row)[np.isin(ids, list(eos))]).sum()
+    return min(float(mass), 1.0)  # rounding can lift a near-certain log-probability above 0
 
 
 def opening_bans(output: Sequence[int], openings: Sequence[Sequence[int]]) -> frozenset[int]:
