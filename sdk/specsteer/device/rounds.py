@@ -106,7 +106,8 @@ def collaborate(
     if mode is Mode.ROWS:
         yield from row_tokens(local, params, link, stats, rng, specialist.tokenizer, committed)
         return
-    stats.drafted_ahead = len(ahead.tokens) if ahead is not None else 0
+    if ahead is not None:  # a resume later in the generation keeps the count of its start
+        stats.drafted_ahead = len(ahead.tokens)
     s0 = Track(specialist, public_ids, len(public_ids) + params.max_new_tokens + 64, lazy=True) \
         if s0_here else None
     yield from SteeredRounds(
