@@ -15,9 +15,11 @@ from specsteer.steer import (
     classic_accept_greedy,
     classic_accept_sampling,
     costeer,
+    end_probability,
     fuse,
     light_costeer,
     log_softmax,
+    opening_bans,
     pick,
     ratio_accept_count,
     repeated_ngram_bans,
@@ -444,3 +446,26 @@ def test_repeated_ngram_bans_names_the_tokens_that_would_repeat_an_ngram():
     assert repeated_ngram_bans(out, 4) == frozenset()  # "7 5 6" never occurred before
     assert repeated_ngram_bans(out, 0) == frozenset()
     assert repeated_ngram_bans([9], 2) == frozenset()
+
+
+def test_end_probability_of_a_full_row_and_of_the_companion_s_top_k() -> None:
+    eos = frozenset({3, 4})
+    probs = np.array([0.1, 0.2, 0.1, 0.35, 0.25])
+    logits = np.log(probs) + 7.0  # unnormalised, as a model's row
+    assert end_probability(logits, eos) == pytest.approx(0.6, abs=1e-6)
+    ids = np.array([1, 3, 0])  # the companion's top-k: log-probabilities of these ids only
+    assert end_probability(np.log(probs[ids]), eos, ids) == pytest.approx(0.35, abs=1e-6)
+    # an end-of-text id outside the top-k counts as nothing
+    assert end_probability(np.log(probs[[1, 0]]), eos, np.array([1, 0])) == 0.0
+    # a log-probability rounded above 0 is still certainty, so end_release 1 always holds
+    assert end_probability(np.array([1e-6, -20.0]), frozenset({0}), np.array([0, 1])) == 1.0
+
+
+def test_opening_bans_only_the_token_that_completes_an_opening_at_the_start() -> None:
+    openings = [(5, 6, 7), (5, 9), (4,)]
+    assert opening_bans([], openings) == {4}  # a one-token opening: banned at the start
+    assert opening_bans([5], openings) == {9}  # "I'm" may open a text, "I'm sorry" may not
+    assert opening_bans([5, 6], openings) == {7}
+    assert opening_bans([5, 6, 7], openings) == frozenset()  # past every opening
+    assert opening_bans([1, 5, 6], openings) == frozenset()  # not at the start: free
+    assert opening_bans([5, 6], []) == frozenset()

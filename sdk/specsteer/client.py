@@ -31,6 +31,7 @@ from specsteer.device.rounds import first_draft, first_draft_key
 from specsteer.errors import CompanionConfigError, CompanionUnavailable, GenerationCancelled
 from specsteer.history import HistoryStore, Prompt, build_prompt, continuation_prefix, retrieve
 from specsteer.link import CompanionLink, FrameChannel, FrameTap, LinkStats
+from specsteer.meta_answers import opening_ids
 from specsteer.prepared import KeptSessions, KeptTracks, OpeningSession
 from specsteer.runtime import load_model
 from specsteer.runtime.base import LanguageModel
@@ -245,9 +246,11 @@ class Client:
                                             exclude=exclude)
         options = self._fit_length(_settings(preset, settings, params), prompt, user_length)
         key = first_draft_key(options) if self.companion is not None else None
-        eos = self.specialist.tokenizer.eos_ids
+        tokenizer = self.specialist.tokenizer
+        openings = opening_ids(tokenizer, options.meta_openings)
         then = None if key is None else \
-            (lambda track, stop: first_draft(track, options, eos, stop))  # noqa: E731
+            (lambda track, stop: first_draft(track, options, tokenizer.eos_ids, stop,  # noqa: E731
+                                             openings))
         worker = self._kept.prepare(task, device_prompt.private_ids, then, key)
         session = None
         if open_session and self.companion is not None and options.collaborative:

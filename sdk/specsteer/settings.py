@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from specsteer.meta_answers import META_OPENINGS
 from specsteer.protocol import Mode, SessionSettings
 from specsteer.steer import SELECTS
 
@@ -42,8 +43,15 @@ class Params:
     # end-of-text is held back before this many tokens (the user's typical length, on the
     # device only: `Client` sets it from the history's length policy; never sent up)
     min_new_tokens: int = 0
+    # ...unless the deciding model (the Specialist, which sees the user's texts; the Generalist
+    # for the LLM alone) puts more than this probability on ending: a finished letter or a
+    # refusal ends instead of growing filler to the minimum (1: always held back)
+    end_release: float = 0.5
     # never repeat an n-gram of the output itself (0: off); device-only like min_new_tokens
     no_repeat_ngram: int = 0
+    # phrases the output may not open with: meta answers ("I'm sorry, but I can't assist …";
+    # `meta_answers`); device-only; () turns the rule off
+    meta_openings: tuple[str, ...] = META_OPENINGS
     seed: int = _WIRE.seed
     select: str = _WIRE.select  # or "difference" (METHOD.md: worse; kept to report it)
     # where P_S0 is computed: None = the companion when it hosts the generic Specialist, else the
@@ -81,6 +89,11 @@ class Params:
                              f"not {self.leak_guard!r}")
         if self.leak_guard_n < 2:
             raise ValueError("leak_guard_n must be at least 2")
+        if not 0.0 < self.end_release <= 1.0:
+            raise ValueError("end_release must be in (0, 1]")
+        if not isinstance(self.meta_openings, tuple) \
+                or not all(isinstance(p, str) and p for p in self.meta_openings):
+            raise ValueError("meta_openings must be a tuple of non-empty strings")
         if self.no_repeat_ngram < 0 or self.no_repeat_ngram == 1:
             raise ValueError("no_repeat_ngram must be 0 (off) or at least 2")
         if self.adaptive_k and not 1 <= self.k <= self.k_max:

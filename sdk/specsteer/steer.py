@@ -28,11 +28,13 @@ __all__ = [
     "classic_accept_greedy",
     "classic_accept_sampling",
     "costeer",
+    "end_probability",
     "forbid",
     "fuse",
     "light_costeer",
     "log_softmax",
     "nucleus",
+    "opening_bans",
     "pick",
     "possible_only",
     "repeated_ngram_bans",
@@ -311,6 +313,29 @@ def forbid(row: np.ndarray, ids: frozenset[int] | Sequence[int]) -> np.ndarray:
     out = np.array(row, copy=True)
     out[np.fromiter(ids, dtype=np.int64)] = -np.inf
     return out
+
+
+def end_probability(
+    row: np.ndarray, eos: frozenset[int], ids: np.ndarray | None = None
+) -> float:
+    """Probability that the text ends here: the mass of `eos` under `row`, which is either
+    logits over the whole vocabulary (`ids` None) or the log-probabilities of `ids` (the
+    companion's top-k, where an id outside them counts as 0)."""
+    if ids is None:
+        logp = _log_softmax(np.asarray(row))
+        mass = np.exp(logp[np.fromiter(eos, dtype=np.int64)]).sum()
+    else:
+        mass = np.exp(np.asarray(row)[np.isin(ids, list(eos))]).sum()
+    return min(float(mass), 1.0)  # rounding can lift a near-certain log-probability above 0
+
+
+def opening_bans(output: Sequence[int], openings: Sequence[Sequence[int]]) -> frozenset[int]:
+    """Tokens that would make `output` exactly one of `openings` (id sequences), checked
+    at the start of a text: the phrase's last token is banned, its beginning stays free
+    ("I'm" may open a text, "I'm sorry" may not)."""
+    n = len(output)
+    return frozenset(seq[-1] for seq in openings
+                     if len(seq) == n + 1 and tuple(seq[:-1]) == tuple(output))
 
 
 def repeated_ngram_bans(output: Sequence[int], n: int) -> frozenset[int]:

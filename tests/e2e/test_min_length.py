@@ -1,4 +1,5 @@
-"""The user's minimum length: no end-of-text before `min_new_tokens`, in every method.
+"""The user's minimum length: no end-of-text before `min_new_tokens`, in every method, unless
+the deciding model puts more than `end_release` on it.
 
 The tiny models rarely end on their own, so the test declares one of the tokens a method
 writes early to be an end-of-text id (a real model whose tokenizer lists one more stop id):
@@ -7,8 +8,9 @@ without a minimum the generation stops there, with one it must go on past it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+import numpy as np
 import pytest
 
 from specsteer.device import METHODS, DevicePrompt, Params, decode
@@ -72,9 +74,44 @@ def test_no_end_of_text_before_the_minimum(tiny_model, tiny_generalist, method, 
                                                    pipeline=pipeline))
     assert short[-1] == stop and len(short) <= 3  # without a minimum it stops right there
     held = _run(stopping, tiny_generalist, Params(method=method, max_new_tokens=30,
-                                                  min_new_tokens=20, pipeline=pipeline))
+                                                  min_new_tokens=20, end_release=1.0,
+                                                  pipeline=pipeline))
     assert stop not in held[:20]
     assert len(held) >= 20
+
+
+@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("pipeline", [True, False])
+def test_an_end_the_deciding_model_is_sure_of_is_let_through(tiny_model, tiny_generalist,
+                                                             method, pipeline):
+    # the same early end as above, under the same minimum: a release threshold below the
+    # deciding model's probability of it lets it stand; the threshold 1 holds it back
+    free = _run(tiny_model, tiny_generalist, Params(method=method, max_new_tokens=30,
+                                                    pipeline=pipeline))
+    stop = free[2]
+    stopping = _Model(tiny_model, _StopsAt(tiny_model.tokenizer, stop))
+
+    def under(release: float) -> list[int]:
+        return _run(stopping, tiny_generalist, Params(
+            method=method, max_new_tokens=30, min_new_tokens=20, end_release=release,
+            pipeline=pipeline))
+
+    assert under(1e-9) == free[:3]
+    assert len(under(1.0)) >= 20
+
+
+def test_the_release_threshold_is_the_deciding_row_s_end_probability():
+    from specsteer.device.drafting import bans
+
+    eos = frozenset({0})
+    row = np.log(np.array([0.6, 0.3, 0.1]))  # end-of-text at 0.6
+    params = Params(min_new_tokens=5)  # the default threshold, 0.5
+    assert bans(params, eos, 4, [], row) == frozenset()  # sure enough: let through
+    assert bans(replace(params, end_release=0.6), eos, 4, [], row) == eos  # not above it
+    assert bans(params, eos, 4, [], np.log(np.array([0.4, 0.5, 0.1]))) == eos
+    assert bans(params, eos, 5, [], np.log(np.array([0.0001, 0.9, 0.0999]))) == frozenset()
+    with pytest.raises(ValueError, match="end_release"):
+        Params(end_release=0.0)
 
 
 def test_minimum_zero_changes_nothing(tiny_model, tiny_generalist):
@@ -92,7 +129,8 @@ def test_drafts_hold_back_end_of_text_too(tiny_model, tiny_generalist, pipeline)
     stopping = _Model(tiny_model, _StopsAt(tiny_model.tokenizer, stop))
     assert len(_run(stopping, tiny_generalist, params)) <= 2
     held = _run(stopping, tiny_generalist, Params(gamma=0.0, max_new_tokens=30,
-                                                  min_new_tokens=20, pipeline=pipeline))
+                                                  min_new_tokens=20, end_release=1.0,
+                                                  pipeline=pipeline))
     assert stop not in held[:20] and len(held) >= 20
 
 
@@ -150,3 +188,34 @@ def test_no_repeat_ngram_holds_in_draft_verify_recover_rounds(tiny_model, tiny_g
     guarded = _run(tiny_model, tiny_generalist,
                    Params(max_new_tokens=200, pipeline=pipeline, no_repeat_ngram=2))
     assert not _repeats(guarded, 2)
+
+
+@dataclass
+class _Writes:
+    """The same tokenizer, which writes the phrase `text` as `ids` (the tiny tokenizer's
+    decode does not round-trip, so the test names the ids of an opening directly)."""
+
+    base: object
+    text: str
+    ids: list[int]
+
+    def encode(self, text: str, **kwargs) -> list[int]:
+        return list(self.ids) if text == self.text else self.base.encode(text, **kwargs)
+
+    def __getattr__(self, name: str):
+        return getattr(self.base, name)
+
+
+@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("pipeline", [True, False])
+def test_no_method_opens_with_a_meta_answer(tiny_model, tiny_generalist, method, pipeline):
+    # declare what the method opens with a meta answer: it must open otherwise, and only the
+    # phrase's last token is banned (the same first tokens may still open the text)
+    free = _run(tiny_model, tiny_generalist, Params(method=method, max_new_tokens=12,
+                                                    pipeline=pipeline, meta_openings=()))
+    model = _Model(tiny_model, _Writes(tiny_model.tokenizer, "As an AI", free[:3]))
+    steered = _run(model, tiny_generalist, Params(
+        method=method, max_new_tokens=12, pipeline=pipeline, meta_openings=("As an AI",)))
+    assert steered[:2] == free[:2] and steered[2] != free[2]
+    assert _run(model, tiny_generalist, Params(method=method, max_new_tokens=12,
+                                               pipeline=pipeline, meta_openings=())) == free

@@ -193,7 +193,9 @@ def test_the_first_draft_is_made_ahead_and_used(tiny_model, tiny_generalist, sto
     assert result.stats.prefill_reused == len(client.render(REQUEST)[1].private_ids)
 
 
-@pytest.mark.parametrize("change", [dict(k=2), dict(min_new_tokens=8), dict(temperature=0.7)])
+@pytest.mark.parametrize("change", [dict(k=2), dict(min_new_tokens=8), dict(temperature=0.7),
+                                    dict(meta_openings=()),
+                                    dict(min_new_tokens=8, end_release=1.0)])
 def test_other_draft_settings_draft_again(tiny_model, tiny_generalist, store, change):
     options = dict(seed=5, **change)
     cold = _cold(tiny_model, tiny_generalist, store, REQUEST, **options)

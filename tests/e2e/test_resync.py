@@ -155,3 +155,22 @@ def test_unreachable_urls_in_the_list_are_skipped(tiny_model, tiny_generalist):
     assert not result.stats.degraded and server.connections == 1
     with pytest.raises(CompanionConfigError, match="non-empty list"):
         Client(tiny_model, companion=[])
+
+
+def test_a_resync_keeps_the_count_of_the_draft_made_ahead(tiny_model, tiny_generalist):
+    from specsteer.history import HistoryStore
+
+    store = HistoryStore(memory=True)
+    store.add(kind="email", title="Budget", body="The budget stays flat this quarter. " * 4)
+    verifier = Verifier(tiny_generalist, tiny_model)
+    calls = []
+
+    def channels() -> FrameChannel:  # the first connection dies after 6 frames
+        calls.append(1)
+        return DyingChannel(CompanionEndpoint(verifier), 6) if len(calls) == 1 \
+            else LocalChannel.for_verifier(verifier)
+
+    client = Client(tiny_model, history=store, companion=channels)
+    assert client.prepare(SUBJECT, k=3, open_session=False).wait(timeout=60)
+    result = client.generate(SUBJECT, max_new_tokens=30, k=3, offline="fail")
+    assert result.stats.resyncs == 1 and result.stats.drafted_ahead == 3

@@ -166,6 +166,21 @@ def test_no_repeat_rule_reaches_every_method():
         assert config.params(parse_method(name)).no_repeat_ngram == 6
 
 
+def test_end_release_and_meta_openings_reach_every_method():
+    from specsteer.settings import Params
+    from specsteer_lab.eval.data import EvalError
+
+    default = EvalConfig(task="email")
+    old = EvalConfig(task="email", end_release=1.0, ban_meta_openings=False)
+    for name in ("slm_rag", "llm", "specsteer@0.5", "specsteer:fast"):
+        spec = parse_method(name)
+        assert default.params(spec).end_release == Params().end_release
+        assert default.params(spec).meta_openings == Params().meta_openings != ()
+        assert (old.params(spec).end_release, old.params(spec).meta_openings) == (1.0, ())
+    with pytest.raises(EvalError, match="end_release"):  # before any model loads
+        EvalConfig(task="email", end_release=0.0)
+
+
 def test_public_prompt_never_holds_the_context(harness, reviews):
     prepared = harness.prepare(reviews[0])
     tokenizer = harness.specialist.tokenizer

@@ -71,6 +71,13 @@ def eval_command(
     no_repeat_ngram: Annotated[int | None, typer.Option(
         min=0, help="Never repeat an n-gram of the output, every method (0: off; default: the "
                     "SDK's Params default).")] = None,
+    end_release: Annotated[float | None, typer.Option(
+        min=0.0, max=1.0,
+        help="Let end-of-text through before the user's minimum length when the deciding model "
+             "gives it more than this probability (1: never; default: the SDK's).")] = None,
+    ban_meta_openings: Annotated[bool, typer.Option(
+        help="No method may open its text with a meta answer (\"I'm sorry, but I can't …\"; "
+             "the SDK's Params.meta_openings).")] = True,
     alpha: Annotated[float, typer.Option(help="Steering strength of the private term.")] = 1.0,
     threads: Annotated[int, typer.Option(min=1, help="ONNX Runtime threads per model.")] = 1,
     pipeline: Annotated[bool, typer.Option(
@@ -96,9 +103,10 @@ def eval_command(
         config = EvalConfig(task=task, max_new_tokens=max_new_tokens, retrieve_k=retrieve_k,
                             rtt_ms=rtt_ms, max_prompt_tokens=max_prompt_tokens, draft_k=draft_k,
                             min_example_tokens=min_example_tokens, user_length=user_length,
-                            alpha=alpha, pipeline=pipeline,
+                            alpha=alpha, pipeline=pipeline, ban_meta_openings=ban_meta_openings,
                             **({} if no_repeat_ngram is None
-                               else {"no_repeat_ngram": no_repeat_ngram}))
+                               else {"no_repeat_ngram": no_repeat_ngram}),
+                            **({} if end_release is None else {"end_release": end_release}))
         examples = data_lib.load_examples(task, data, users)
         err.print(f"{len(examples)} users × {len(specs)} methods; loading {specialist} and "
                   f"{generalist}", style="dim", markup=False)

@@ -128,10 +128,23 @@ class EvalConfig:
     costeer_iterations: int = 20
     # Never repeat an output n-gram (`Params.no_repeat_ngram`), the same for every method.
     no_repeat_ngram: int = Params().no_repeat_ngram
+    # An end-of-text before the user's minimum stands when the deciding model gives it more
+    # than this (`Params.end_release`; 1: always held back), the same for every method.
+    end_release: float = Params().end_release
+    # The output may not open with a meta answer ("I'm sorry, but I can't …":
+    # `Params.meta_openings`), the same for every method.
+    ban_meta_openings: bool = True
     # Drafting the next round while the companion verifies only pays when the two run at the
     # same time; the in-process companion runs in between, so here it would only add the lost
     # bets' drafting to SpecSteer's and speculative decoding's time. Output is the same.
     pipeline: bool = False
+
+    def __post_init__(self) -> None:
+        try:  # the decoding settings every method shares: refused before any model loads
+            Params(alpha=self.alpha, k=self.draft_k, top_k=self.top_k,
+                   no_repeat_ngram=self.no_repeat_ngram, end_release=self.end_release)
+        except ValueError as exc:
+            raise EvalError(str(exc)) from None
 
     def bounds(self, length: LengthPolicy | None) -> tuple[int, int]:
         """(min, max) new tokens of every method for a user with this length policy."""
@@ -143,7 +156,8 @@ class EvalConfig:
         low, high = self.bounds(length)
         return Params(method=spec.method, gamma=spec.gamma, alpha=self.alpha, k=self.draft_k,
                       top_k=spec.top_k or self.top_k, max_new_tokens=high, min_new_tokens=low,
-                      no_repeat_ngram=self.no_repeat_ngram,
+                      no_repeat_ngram=self.no_repeat_ngram, end_release=self.end_release,
+                      meta_openings=Params().meta_openings if self.ban_meta_openings else (),
                       costeer_iterations=self.costeer_iterations, pipeline=self.pipeline,
                       warm_start=False)  # the method's own text: no timing-dependent start
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -37,6 +37,21 @@ class Drafted:
     step_s: float | None = None  # seconds per drafted token (feeds the adaptive K)
 
 
+def bans(params: Params, eos: frozenset[int], position: int, context: list[int],
+         row: np.ndarray, ids: np.ndarray | None = None,
+         openings: Sequence[Sequence[int]] = ()) -> frozenset[int]:
+    """Ids the token at `position` of this session's output may not be, after the whole
+    output `context`: end-of-text before the minimum length, unless the deciding model's `row`
+    there (logits, or log-probabilities of `ids`: `steer.end_probability`) puts more than
+    `end_release` on it; a repeat of an output n-gram; the end of a meta-answer opening
+    (`openings`: `meta_answers.opening_ids` of `params.meta_openings`)."""
+    held = position < params.min_new_tokens \
+        and steer.end_probability(row, eos, ids) <= params.end_release
+    rules = steer.repeated_ngram_bans(context, params.no_repeat_ngram) \
+        | steer.opening_bans(context, openings)
+    return eos | rules if held else rules
+
+
 def budget(params: Params, k: int, produced: int) -> int:
     """Draft length (at most k) that leaves room for the round's recovered/bonus token."""
     return max(0, min(k, params.max_new_tokens - produced - 1))
@@ -50,14 +65,14 @@ def draft(
     eos: frozenset[int],
     stop: Callable[[], bool] | None = None,
     into: Drafted | None = None,
-    banned: Callable[[list[int]], frozenset[int]] | None = None,
+    banned: Callable[[list[int], np.ndarray], frozenset[int]] | None = None,
     cancel: threading.Event | None = None,
 ) -> Drafted:
     """Draft up to k tokens (`stop` cuts it short), or continue the draft `into` up to k.
 
     An end-of-text draft is not appended to the session: nothing follows it. `banned` gives,
-    for the tokens drafted so far, the ids the next one may not be (end-of-text before the
-    user's minimum length, a repeated n-gram). `cancel`, once set, raises
+    for the tokens drafted so far and the next token's row, the ids it may not be (end-of-text
+    before the user's minimum length, a repeated n-gram). `cancel`, once set, raises
     `GenerationCancelled` before the next token (a draft of K tokens takes K model passes).
     """
     drafted = into if into is not None else Drafted(local.length, [], [local.row])
@@ -69,7 +84,7 @@ def draft(
             raise GenerationCancelled("cancelled while drafting")
         row = drafted.rows[-1]
         if banned is not None:
-            row = steer.forbid(row, banned(drafted.tokens))
+            row = steer.forbid(row, banned(drafted.tokens, row))
         token = choose(row, temperature, rng)
         drafted.tokens.append(token)
         if token in eos:

@@ -17,7 +17,7 @@ from dataclasses import replace
 import numpy as np
 
 from specsteer import steer
-from specsteer.device.drafting import Drafted, choose
+from specsteer.device.drafting import Drafted, bans, choose
 from specsteer.device.events import DecodeStats, DevicePrompt, TokenEvent
 from specsteer.device.leak_guard import LeakGuard, LeakHeld
 from specsteer.device.offline import LINK_ERRORS, ModeChange, OfflinePolicy, Reconnector
@@ -25,6 +25,7 @@ from specsteer.device.rounds import MODES, collaborate
 from specsteer.device.warm import BackgroundPrefill, estimated_prefill_s
 from specsteer.errors import CompanionTimedOut, CompanionUnavailable, GenerationCancelled
 from specsteer.link import CompanionLink
+from specsteer.meta_answers import opening_ids
 from specsteer.runtime.base import LanguageModel
 from specsteer.runtime.track import Track
 from specsteer.settings import Params
@@ -112,6 +113,7 @@ class _Generation:
         self.links = Reconnector(self.policy, connect)
         self.on_mode = on_mode
         self.eos = specialist.tokenizer.eos_ids
+        self.openings = opening_ids(specialist.tokenizer, params.meta_openings)
         self.rng = np.random.default_rng(params.seed) if params.temperature > 0 else None
         self.out: list[int] = []
         self.remote: Iterator[tuple[int, str]] | None = None
@@ -357,10 +359,8 @@ class _Generation:
         """The Specialist alone (local methods, offline-degraded mode): one round per token."""
         t0 = time.perf_counter()
         row = self.local.row
-        banned = steer.repeated_ngram_bans(self.out, self.params.no_repeat_ngram)
-        if len(self.out) < self.params.min_new_tokens:
-            banned |= self.eos
-        row = steer.forbid(row, banned)
+        row = steer.forbid(row, bans(self.params, self.eos, len(self.out), self.out, row,
+                                     openings=self.openings))
         token = choose(row, self.params.temperature, self.rng)
         if token not in self.eos:
             self.local.push(token)

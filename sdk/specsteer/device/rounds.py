@@ -13,20 +13,22 @@ prompt plus every token yielded.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 
 from specsteer import steer
-from specsteer.device.drafting import Drafted, budget, draft
+from specsteer.device.drafting import Drafted, bans, budget, draft
 from specsteer.device.events import DecodeStats
 from specsteer.device.leak_guard import LeakGuard, LeakHeld, best_allowed
 from specsteer.draft_length import DraftLength
 from specsteer.link import CompanionLink
+from specsteer.meta_answers import opening_ids
 from specsteer.protocol import HelloOk, Mode, SessionSettings, Verdict
 from specsteer.runtime.base import LanguageModel
 from specsteer.runtime.track import Track
 from specsteer.settings import Params
+from specsteer.tokenizer import Tokenizer
 
 MODES = {"speculative": Mode.SPECULATIVE, "specsteer": Mode.SPECSTEER}  # others: Mode.ROWS
 
@@ -39,29 +41,25 @@ def s0_placed_on_device(params: Params, hello_ok: HelloOk | None) -> bool:
     return hello_ok is not None and not hello_ok.specialist_sha256
 
 
-def bans(params: Params, eos: frozenset[int], position: int, context: list[int]
-         ) -> frozenset[int]:
-    """Ids the token at output `position` may not be, after the output `context`:
-    end-of-text before the minimum length, and a repeat of an output n-gram."""
-    early = eos if position < params.min_new_tokens else frozenset()
-    return early | steer.repeated_ngram_bans(context, params.no_repeat_ngram)
-
-
-def first_draft_key(params: Params) -> tuple[int, int, int] | None:
+def first_draft_key(params: Params) -> tuple[object, ...] | None:
     """What the first round's draft depends on besides the private prompt (None: it cannot
     be made ahead: sampling, or a method that does not draft)."""
     if params.temperature > 0 or params.method not in MODES:
         return None
     size = budget(params, params.k, 0)  # end-of-text is banned at the positions below:
-    return size, min(params.min_new_tokens, size), params.no_repeat_ngram
+    return (size, min(params.min_new_tokens, size), params.end_release, params.no_repeat_ngram,
+            params.meta_openings)
 
 
 def first_draft(local: Track, params: Params, eos: frozenset[int],
-                stop: Callable[[], bool] | None = None) -> Drafted:
+                stop: Callable[[], bool] | None = None,
+                openings: Sequence[Sequence[int]] = ()) -> Drafted:
     """The first round's draft, made ahead of the request (`Client.prepare`): exactly what
-    `SteeredRounds` drafts first (greedy); `stop` may cut it short, the round finishes it."""
+    `SteeredRounds` drafts first (greedy); `stop` may cut it short, the round finishes it.
+    `openings`: the ids of `params.meta_openings` (`meta_answers.opening_ids`)."""
     return draft(local, budget(params, params.k, 0), 0.0, None, eos, stop=stop,
-                 banned=lambda drafted: bans(params, eos, len(drafted), list(drafted)))
+                 banned=lambda drafted, row: bans(params, eos, len(drafted), list(drafted), row,
+                                                  openings=openings))
 
 
 def session_settings(params: Params, link: CompanionLink) -> SessionSettings:
@@ -106,9 +104,10 @@ def collaborate(
         link.open(public_prompt, settings)
     public_ids = [*public_prompt, *committed]
     if mode is Mode.ROWS:
-        yield from row_tokens(local, params, link, stats, rng, specialist.tokenizer.eos_ids)
+        yield from row_tokens(local, params, link, stats, rng, specialist.tokenizer, committed)
         return
-    stats.drafted_ahead = len(ahead.tokens) if ahead is not None else 0
+    if ahead is not None:  # a resume later in the generation keeps the count of its start
+        stats.drafted_ahead = len(ahead.tokens)
     s0 = Track(specialist, public_ids, len(public_ids) + params.max_new_tokens + 64, lazy=True) \
         if s0_here else None
     yield from SteeredRounds(
@@ -143,6 +142,7 @@ class SteeredRounds:
         self.local, self.s0, self.params, self.link = local, s0, params, link
         self.stats, self.rng, self.mode = stats, rng, mode
         self.eos = specialist.tokenizer.eos_ids
+        self.openings = opening_ids(specialist.tokenizer, params.meta_openings)
         self.pipeline = params.pipeline and params.temperature <= 0
         self.sizer = DraftLength(params.k, 1, params.k_max, self.pipeline) \
             if params.adaptive_k else None
@@ -196,7 +196,7 @@ class SteeredRounds:
         self.withheld = None
         context = [*self.text, *drafted[:n]]
         token = self._recover(verdict, current.rows[n], s0_row, context,
-                              withheld, self._bans(self.produced + n, context))
+                              withheld, self._bans(self.produced + n, context, current.rows[n]))
         bet_won = None if self.ahead is None else n == len(drafted) and token == guess
         if self.sizer is not None and self.mode is Mode.SPECSTEER:
             self.k = self.sizer.observe(
@@ -297,7 +297,7 @@ class SteeredRounds:
             return None
         after = self.produced + len(drafted)
         guess = int(np.argmax(steer.forbid(
-            current.rows[-1], self._bans(after, [*self.text, *drafted]))))
+            current.rows[-1], self._bans(after, [*self.text, *drafted], current.rows[-1]))))
         size = budget(self.params, self.k, after + 1)
         if guess in self.eos or size <= 0:
             return guess
@@ -314,14 +314,14 @@ class SteeredRounds:
             self.ahead_s0 = self.s0.extend([guess, *self.ahead.tokens])
         return guess
 
-    def _bans(self, position: int, context: list[int]) -> frozenset[int]:
-        return bans(self.params, self.eos, position, context)
+    def _bans(self, position: int, context: list[int], row: np.ndarray) -> frozenset[int]:
+        return bans(self.params, self.eos, position, context, row, openings=self.openings)
 
     def _bans_after(
         self, position: int, context: list[int]
-    ) -> Callable[[list[int]], frozenset[int]]:
+    ) -> Callable[[list[int], np.ndarray], frozenset[int]]:
         """`_bans` for each next token of a draft that starts at `position` after `context`."""
-        return lambda drafted: self._bans(position + len(drafted), [*context, *drafted])
+        return lambda drafted, row: self._bans(position + len(drafted), [*context, *drafted], row)
 
     def _recover(
         self,
@@ -379,9 +379,13 @@ def row_tokens(
     link: CompanionLink,
     stats: DecodeStats,
     rng: np.random.Generator | None,
-    eos: frozenset[int],
+    tokenizer: Tokenizer,
+    written: Sequence[int] = (),
 ) -> Iterator[tuple[int, str]]:
-    """Per-token baselines: LLM alone, LightCoSteer and CoSteer over the companion's top-k row."""
+    """Per-token baselines: LLM alone, LightCoSteer and CoSteer over the companion's top-k row.
+    `written`: the output before this session (a resume); the rules see the whole output."""
+    eos = tokenizer.eos_ids
+    openings = opening_ids(tokenizer, params.meta_openings)
     committed: list[int] = []
     committed_all: list[int] = []  # every token of this session: the minimum length counts them
     needs_local = params.method != "llm"
@@ -405,9 +409,11 @@ def row_tokens(
                 scores = steer.costeer(
                     logp_g, logp_sc, logp_s0, iterations=params.costeer_iterations, beta=params.beta
                 )
-        banned = steer.repeated_ngram_bans(committed_all, params.no_repeat_ngram)
-        if len(committed_all) < params.min_new_tokens:
-            banned |= eos
+        # the model the token is picked from decides an early end: the Generalist alone, or
+        # the Specialist (which sees the user's texts) for the steered baselines
+        banned = bans(params, eos, len(committed_all), [*written, *committed_all],
+                      *((logp_g, ids) if params.method == "llm" else (local.row,)),
+                      openings=openings)
         if banned:
             scores = np.where(np.isin(ids, list(banned)), -np.inf, scores)
         token = steer.pick(ids, scores, params.temperature, rng) \
