@@ -61,3 +61,32 @@ def test_the_demo_prompt_shows_the_persona_its_own_sign_off(monkeypatch: pytest.
              if record not in prompt.truncated]
     assert whole and all(answer.rstrip().endswith(SIGN_OFF) for answer in whole)
     assert "Wren" not in prompt.request  # the public request never names the sender
+
+
+@pytest.mark.real_model
+def test_the_demo_letter_ends_at_its_sign_off(monkeypatch: pytest.MonkeyPatch,
+                                              tmp_path: Path) -> None:
+    # The demo's own call (real pair, default preset, 96 tokens, 640-token private budget, no
+    # warm start): the user's minimum length used to pad the finished letter by repeating its
+    # sign-off ("Wren and the garden team. \n\nDairy barn, Wren and the garden team."); an
+    # end the Specialist is sure of now stands (Params.end_release)
+    import sys
+
+    from specsteer.client import Client
+    from specsteer_companion.local import LocalChannel
+    from specsteer_companion.verifier import Verifier
+
+    sys.path.insert(0, str(Path(__file__).parents[1] / "e2e"))
+    from test_real_pair import _compiled
+
+    specialist, generalist = _compiled("qwen2.5-0.5b"), _compiled("qwen2.5-1.5b")
+    monkeypatch.setenv("SPECSTEER_HOME", str(tmp_path / "home"))  # the persona's store
+    verifier = Verifier(generalist, specialist)
+    client = Client(specialist, history=demo.persona_store(), max_prompt_tokens=640,
+                    companion=lambda: LocalChannel.for_verifier(verifier))
+    result = client.generate(demo.PERSONA_QUERY, task="email", max_new_tokens=96,
+                             warm_start=False)
+    lines = [line.strip() for line in result.text.splitlines() if line.strip()]
+    assert "Wren" in lines[-1]  # signed, as the persona signs
+    assert len(lines) == len(set(lines))  # and nothing written twice after it
+    assert result.stats.tokens < result.prompt.length.min_new_tokens  # it ended by itself
