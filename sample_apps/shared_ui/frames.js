@@ -3,6 +3,36 @@
 // `frames` counter and `generating`, and its own `refreshStatus`.
 "use strict";
 
+// The settings dialog, the same in both apps: added here so the markup is written once
+// (the pages have no templating step); app.js wires it up after this script runs.
+document.body.insertAdjacentHTML("beforeend", `
+<dialog id="settings">
+  <form method="dialog" id="settings-form">
+    <h2>Settings</h2>
+    <label>Companion URL <input name="companion" placeholder="ws://127.0.0.1:8765 (empty: on-device only)"></label>
+    <label>Device token <input name="token" type="password" autocomplete="off"></label>
+    <label>Preset
+      <select name="preset">
+        <option value="default">default — balanced</option>
+        <option value="fast">fast — fewer bytes, quicker</option>
+        <option value="strict">strict — closest to the big model</option>
+      </select>
+    </label>
+    <label>Leak guard (a draft that copies your private history word for word)
+      <select name="leak_guard">
+        <option value="allow">allow — send it, count it</option>
+        <option value="redact">redact — cut it from the draft</option>
+        <option value="hold">hold — finish on this device alone</option>
+      </select>
+    </label>
+    <p id="settings-error" class="error"></p>
+    <div class="actions">
+      <button value="cancel" formnovalidate>Close</button>
+      <button id="settings-save" class="primary" value="save">Save settings</button>
+    </div>
+  </form>
+</dialog>`);
+
 const FRAME_DETAIL = {
   Hello: (f) => `client ${f.fields.client_name || "?"}, token ${f.fields.auth_token}`,
   HelloOk: (f) => `companion ${f.fields.companion_version}, vocabulary ${f.fields.vocab_size}`,
