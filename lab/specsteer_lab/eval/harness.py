@@ -117,7 +117,7 @@ class EvalConfig:
     max_new_tokens: int = 64
     retrieve_k: int = 5
     rtt_ms: float = 0.0
-    max_prompt_tokens: int = prompts.DEFAULT_MAX_PROMPT_TOKENS
+    max_prompt_tokens: int | None = None  # None: the task's own budget (`prompts.prompt_budget`)
     min_example_tokens: int = prompts.DEFAULT_MIN_EXAMPLE_TOKENS
     # Every method gets the user's length policy (min/max new tokens from the history) under
     # max_new_tokens; off: no minimum and max_new_tokens for all.
@@ -132,6 +132,11 @@ class EvalConfig:
     # same time; the in-process companion runs in between, so here it would only add the lost
     # bets' drafting to SpecSteer's and speculative decoding's time. Output is the same.
     pipeline: bool = False
+
+    def __post_init__(self) -> None:
+        # The budget in force is recorded (run_config, the report), whichever way it was chosen.
+        object.__setattr__(self, "max_prompt_tokens",
+                           prompts.prompt_budget(self.task, self.max_prompt_tokens))
 
     def bounds(self, length: LengthPolicy | None) -> tuple[int, int]:
         """(min, max) new tokens of every method for a user with this length policy."""
