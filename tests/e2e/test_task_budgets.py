@@ -33,8 +33,8 @@ def test_each_task_gets_its_own_budget(tiny_model, store) -> None:
         budget = get_task(task).max_prompt_tokens
         assert prompt.budget == budget, task
         assert prompt.tokens <= budget, task
-        # the chat template's own markup adds a few tokens to the counted messages
-        assert len(device.private_ids) <= budget + 16, task
+        # the tiny chat template's markup is some tokens a message more than counted
+        assert len(device.private_ids) <= budget + 8 * len(prompt.messages()), task
     abstract, email = (client.render(QUERIES[t], task=t)[0] for t in ("abstract", "email"))
     if abstract.budget != email.budget:  # measured apart: the larger one holds more history
         bigger, smaller = sorted((abstract, email), key=lambda p: p.budget, reverse=True)
@@ -46,4 +46,5 @@ def test_a_budget_given_wins_for_every_task(tiny_model, store) -> None:
     for task, query in QUERIES.items():
         prompt, device = client.render(query, task=task)
         assert prompt.budget == 300, task
-        assert prompt.tokens <= 300 and len(device.private_ids) <= 316, task
+        assert prompt.tokens <= 300, task
+        assert len(device.private_ids) <= 300 + 8 * len(prompt.messages()), task

@@ -245,6 +245,7 @@ _TASKS: dict[str, Task] = {
             request=_abstract_request,
             search_text=lambda q: q["title"],
             example=lambda r, body: (_abstract_request({"title": r.title or "(untitled)"}), body),
+            max_prompt_tokens=512,  # docs/BENCHMARKS.md, the private prompt budget
         ),
         Task(
             name="title",
@@ -291,6 +292,7 @@ _TASKS: dict[str, Task] = {
             example=lambda r, body: ("Write one of your tweets.", body),
             aliases={"text": "tweet", "input": "tweet"},
             rewrites=lambda q: _tweet_of(q["tweet"]),
+            max_prompt_tokens=256,  # docs/BENCHMARKS.md, the private prompt budget
         ),
         Task(
             name="email",
@@ -303,6 +305,7 @@ _TASKS: dict[str, Task] = {
             example=_email_example,
             own_text=own_words,
             aliases={"title": "subject"},
+            max_prompt_tokens=512,  # docs/BENCHMARKS.md, the private prompt budget
         ),
         Task(
             name="note",
