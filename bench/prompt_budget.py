@@ -1,7 +1,8 @@
 """Quality, acceptance and wait against the private prompt budget, per task (issue 15 item 4).
 
 Reads `specsteer-lab eval` results folders of one task run at different `--max-prompt-tokens`
-(each folder's run.json holds its budget) and prints, per budget and method: the private prompt
+(each folder's run.json holds its budget) and prints, per budget and method, over the users
+that every budget of the method ran on: the private prompt
 tokens actually used, ROUGE-1/L, acceptance, private prefill, TTFT, tokens and total time (each
 the mean over users; acceptance the mean of the users' rates); then each budget against
 the largest one on the users both ran, paired (ROUGE by `eval.compare.paired_difference`,
@@ -73,6 +74,13 @@ def main() -> None:
     rows = [{**row, "method": f"{row['method']} / {budget}"}
             for _, budget, found in runs for row in found]
     methods = list(dict.fromkeys(row["method"].rsplit(" / ", 1)[0] for row in rows))
+    # every number of a method is over the users every budget of it ran on: the same users
+    for method in methods:
+        ran = [{row["user"] for row in rows if row["method"] == f"{method} / {budget}"}
+               for _, budget, _ in runs]
+        common = set.intersection(*[users for users in ran if users])
+        rows = [row for row in rows if row["method"].rsplit(" / ", 1)[0] != method
+                or row["user"] in common]
     print(f"task {tasks.pop()}; differences against budget {largest} on the same users")
     print("| method | budget | users | private prompt tokens | ROUGE-1 | ROUGE-L | acceptance % "
           "| prefill s | TTFT s | tokens | total s | ROUGE-1 − largest | ROUGE-L − largest "
