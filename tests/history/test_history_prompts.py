@@ -122,7 +122,7 @@ def test_longlamp_requests_ask_for_the_text_in_first_person() -> None:
 
 @settings(max_examples=40, deadline=None)
 @given(
-    bodies=st.lists(st.text(min_size=1, max_size=200), min_size=0, max_size=5),
+    bodies=st.lists(st.text(min_size=1, max_size=200).filter(str.strip), min_size=0, max_size=5),
     titles=st.lists(st.text(max_size=30), min_size=5, max_size=5),
     budget=st.integers(min_value=200, max_value=2000),
     task=st.sampled_from(task_names()),
