@@ -305,7 +305,7 @@ _TASKS: dict[str, Task] = {
             example=_email_example,
             own_text=own_words,
             aliases={"title": "subject"},
-            max_prompt_tokens=1024,  # docs/BENCHMARKS.md, the private prompt budget
+            max_prompt_tokens=768,  # docs/BENCHMARKS.md, the private prompt budget
         ),
         Task(
             name="note",
