@@ -155,7 +155,8 @@ def main() -> None:
                     help="emulated round trips, ms")
     ap.add_argument("--threads", type=int, default=1, help="device ONNX Runtime threads")
     ap.add_argument("--max-new-tokens", type=int, default=128)
-    ap.add_argument("--max-prompt-tokens", type=int, default=1024)
+    ap.add_argument("--max-prompt-tokens", type=int, default=None,
+                    help="private prompt budget (default: the task's, as a Client gives it)")
     ap.add_argument("--preset", default="fast")
     ap.add_argument("--data", type=Path)
     ap.add_argument("--json", type=Path)

@@ -146,6 +146,8 @@ class Client:
         warning.
     threads: ONNX Runtime threads of a Specialist loaded here (None: every core this process
         may use).
+    max_prompt_tokens: the private prompt's token budget for every task (None: each task's
+        own measured budget, `prompts.prompt_budget`).
     """
 
     def __init__(
@@ -160,7 +162,7 @@ class Client:
         timeout_s: float = 30.0,
         connect_timeout_s: float = 10.0,
         retrieve_k: int = 5,
-        max_prompt_tokens: int = 1024,
+        max_prompt_tokens: int | None = None,
         tap: FrameTap | None = None,
         threads: int | None = None,
         allow_insecure: bool = False,

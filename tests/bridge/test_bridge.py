@@ -249,3 +249,29 @@ def test_without_audit_frames_no_frame_is_notified(spawn, companion_url) -> None
     assert not [f for _, f in bridge.notifications if f.get("method") == "companion.frame"]
     assert "companion.frame" not in bridge.call("initialize", {})["result"]["notifications"]
     assert bridge.close() == 0
+
+
+def test_each_task_is_prefilled_within_its_own_budget(spawn, tmp_path) -> None:
+    """The bridge's Client is given no budget: an abstract and an email request prefill the
+    private prompt each task's measured budget allows (`prompts.Task.max_prompt_tokens`)."""
+    from specsteer.history.prompts import get_task
+
+    bridge = spawn("--history", str(tmp_path / "h.db"))
+    sentence = "We measured the decoding of private drafts against a public verifier today. "
+    for n in range(6):
+        bridge.call("history.add", {"kind": "paper", "title": f"Sparse verification {n}",
+                                    "body": sentence * 80})
+        bridge.call("history.add", {"kind": "email", "title": f"Budget for Q{n}",
+                                    "body": sentence * 80})
+    prefilled = {}
+    for task, query in (("abstract", "Sparse verification"), ("email", "Budget for Q3")):
+        result = bridge.call("generate", {"query": query, "task": task, "max_new_tokens": 1},
+                             timeout=60)["result"]
+        prefilled[task] = result["stats"]["prefill_tokens"]
+        # the chat template's own markup adds a few tokens to the counted messages
+        assert 0 < prefilled[task] <= get_task(task).max_prompt_tokens + 16, (task, prefilled)
+    budgets = {task: get_task(task).max_prompt_tokens for task in prefilled}
+    if budgets["abstract"] != budgets["email"]:  # the larger budget is used, not the smaller
+        larger = max(budgets, key=budgets.__getitem__)
+        assert prefilled[larger] > min(budgets.values()) + 16, (prefilled, budgets)
+    assert bridge.close() == 0

@@ -20,7 +20,7 @@ from specsteer.history import (
     task_names,
     whitespace_tokens,
 )
-from specsteer.history.prompts import ELLIPSIS, get_task
+from specsteer.history.prompts import ELLIPSIS, get_task, prompt_budget
 
 QUERIES = {
     "abstract": {"title": "Sparse Verification for Private Decoding"},
@@ -122,7 +122,7 @@ def test_longlamp_requests_ask_for_the_text_in_first_person() -> None:
 
 @settings(max_examples=40, deadline=None)
 @given(
-    bodies=st.lists(st.text(min_size=1, max_size=200), min_size=0, max_size=5),
+    bodies=st.lists(st.text(min_size=1, max_size=200).filter(str.strip), min_size=0, max_size=5),
     titles=st.lists(st.text(max_size=30), min_size=5, max_size=5),
     budget=st.integers(min_value=200, max_value=2000),
     task=st.sampled_from(task_names()),
@@ -314,3 +314,26 @@ def test_cut_at_a_sentence_end_reads_whole_else_an_ellipsis_marks_it() -> None:
     early = make_record(kind="paper", id="e", title="T", body="Short one. " + "word " * 400)
     assert build_prompt("abstract", "T", [early], max_prompt_tokens=200).examples[0][1] \
         .endswith(ELLIPSIS)
+
+
+@pytest.mark.parametrize("task", task_names())
+def test_without_a_budget_each_task_fills_its_own(task: str) -> None:
+    """No budget given: the task's measured one (`Task.max_prompt_tokens`), filled by a history
+    larger than any task's budget; a budget given wins over it."""
+    spec = get_task(task)
+    records = _records(spec.kinds[0], count=5, words=600)
+    prompt = build_prompt(task, QUERIES[task], records)
+    assert prompt.budget == spec.max_prompt_tokens == prompt_budget(task)
+    assert spec.max_prompt_tokens - 100 < prompt.tokens <= spec.max_prompt_tokens
+    given = build_prompt(task, QUERIES[task], records, max_prompt_tokens=3000)
+    assert given.budget == 3000 == prompt_budget(task, 3000)
+    assert spec.max_prompt_tokens < given.tokens <= 3000
+
+
+def test_measured_tasks_have_their_own_budgets() -> None:
+    """The budgets chosen from measurement (docs/BENCHMARKS.md, "The private prompt budget")
+    differ by task; every task's fits a whole request with room for examples."""
+    budgets = {task: get_task(task).max_prompt_tokens for task in task_names()}
+    assert len({budgets["abstract"], budgets["tweet"], budgets["email"]}) > 1
+    for task, budget in budgets.items():
+        assert build_prompt(task, QUERIES[task], []).tokens < budget // 2, task

@@ -73,6 +73,40 @@ def test_eval_refuses_to_mix_setups_in_one_folder(app, tmp_path):
     assert result.exit_code == 1 and "no_repeat_ngram" in result.output
 
 
+def test_eval_budget_is_the_tasks_and_the_budget_table_reads_the_runs(app, tmp_path, capsys,
+                                                                       monkeypatch):
+    """No --max-prompt-tokens: the task's budget, kept in run.json; bench/prompt_budget.py
+    then compares runs of one task at two budgets on the same users."""
+    import runpy
+    import sys
+
+    from specsteer.history.prompts import get_task
+
+    runner = CliRunner()
+    default, small = tmp_path / "default", tmp_path / "small"
+    assert runner.invoke(app, _args(default, "specsteer@0.5")).exit_code == 0
+    budget = get_task("review").max_prompt_tokens
+    assert json.loads((default / "run.json").read_text())["max_prompt_tokens"] == budget
+    result = runner.invoke(app, [*_args(small, "specsteer@0.5"), "--max-prompt-tokens", "400"])
+    assert result.exit_code == 0, result.output
+    assert json.loads((small / "run.json").read_text())["max_prompt_tokens"] == 400
+    tokens = [json.loads(line)["private_prompt_tokens"]
+              for line in (small / "results.jsonl").read_text().splitlines()]
+    assert max(tokens) < min(json.loads(line)["private_prompt_tokens"] for line
+                             in (default / "results.jsonl").read_text().splitlines())
+
+    script = Path(__file__).parents[2] / "bench" / "prompt_budget.py"
+    monkeypatch.setattr(sys, "argv", ["prompt_budget.py", str(default), str(small)])
+    runpy.run_path(str(script), run_name="__main__")
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == f"task review; differences against budget {budget} on the same users"
+    rows = [line.split(" | ") for line in lines if line.startswith("| specsteer@0.5")]
+    assert [row[1] for row in rows] == ["400", str(budget)]  # smallest budget first
+    assert [row[2] for row in rows] == ["2", "2"]  # users
+    assert float(rows[0][3]) == sum(tokens) / len(tokens)
+    assert rows[0][-1].startswith(("+", "-")) and rows[1][-3:] == ["–", "–", "– |"]
+
+
 def test_eval_runs_a_preset_and_the_no_repeat_rule(app, tmp_path):
     out = tmp_path / "run"
     result = CliRunner().invoke(app, [*_args(out, "specsteer:fast", "specsteer@0.1"),

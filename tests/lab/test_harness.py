@@ -181,6 +181,20 @@ def test_end_release_and_meta_openings_reach_every_method():
         EvalConfig(task="email", end_release=0.0)
 
 
+def test_the_budget_is_the_tasks_unless_given(tiny_model, tiny_generalist):
+    """No --max-prompt-tokens: each task's measured budget, recorded in the run's config (so a
+    folder resumes only under the budget it was run with); a budget given wins."""
+    from specsteer.history.prompts import get_task, task_names
+    from specsteer_lab.eval.harness import run_config
+
+    for task in task_names():
+        assert EvalConfig(task=task).max_prompt_tokens == get_task(task).max_prompt_tokens
+        assert EvalConfig(task=task, max_prompt_tokens=200).max_prompt_tokens == 200
+    small = Harness(tiny_model, tiny_generalist,
+                    EvalConfig(task="review", retrieve_k=2, max_prompt_tokens=200))
+    assert run_config(small, None)["max_prompt_tokens"] == 200
+
+
 def test_public_prompt_never_holds_the_context(harness, reviews):
     prepared = harness.prepare(reviews[0])
     tokenizer = harness.specialist.tokenizer

@@ -59,8 +59,9 @@ def eval_command(
                                             )] = 5,
     rtt_ms: Annotated[float, typer.Option(
         min=0, help="Emulated network round trip added to every companion reply.")] = 0.0,
-    max_prompt_tokens: Annotated[int, typer.Option(min=64, help="Budget of the private prompt."
-                                                   )] = 1024,
+    max_prompt_tokens: Annotated[int | None, typer.Option(
+        min=64, help="Budget of the private prompt (default: the task's measured budget).")
+    ] = None,
     min_example_tokens: Annotated[int, typer.Option(
         min=0, help="Leave lower-ranked history examples out rather than cut one below this.")
     ] = DEFAULT_MIN_EXAMPLE_TOKENS,

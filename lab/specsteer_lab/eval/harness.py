@@ -117,7 +117,7 @@ class EvalConfig:
     max_new_tokens: int = 64
     retrieve_k: int = 5
     rtt_ms: float = 0.0
-    max_prompt_tokens: int = prompts.DEFAULT_MAX_PROMPT_TOKENS
+    max_prompt_tokens: int | None = None  # None: the task's own budget (`prompts.prompt_budget`)
     min_example_tokens: int = prompts.DEFAULT_MIN_EXAMPLE_TOKENS
     # Every method gets the user's length policy (min/max new tokens from the history) under
     # max_new_tokens; off: no minimum and max_new_tokens for all.
@@ -140,6 +140,9 @@ class EvalConfig:
     pipeline: bool = False
 
     def __post_init__(self) -> None:
+        # The budget in force is recorded (run_config, the report), whichever way it was chosen.
+        object.__setattr__(self, "max_prompt_tokens",
+                           prompts.prompt_budget(self.task, self.max_prompt_tokens))
         try:  # the decoding settings every method shares: refused before any model loads
             Params(alpha=self.alpha, k=self.draft_k, top_k=self.top_k,
                    no_repeat_ngram=self.no_repeat_ngram, end_release=self.end_release)

@@ -33,6 +33,7 @@ DEFAULT_SYSTEM = (
     "You are a writing assistant who writes as the user. Reply with the requested text itself "
     "and nothing else."
 )
+# The private prompt budget of a task whose own was not measured (`Task.max_prompt_tokens`).
 DEFAULT_MAX_PROMPT_TOKENS = 1024
 # A cut example shorter than this shows the user's opening, not their voice: when the budget
 # would cut examples below it, fewer (lower-ranked ones left out) and longer examples are kept.
@@ -75,6 +76,10 @@ class Task:
     # own texts set the length. (LaMP-7: gold tweets follow the input's length far more closely
     # than the user's typical one; docs/BENCHMARKS.md.)
     rewrites: Callable[[Mapping[str, str]], str] | None = None
+    # The private prompt budget when the caller gives none (`prompt_budget`): its prefill is
+    # most of a cold first token's wait on a CPU, so each task gets the smallest budget whose
+    # quality and acceptance were measured no worse than a larger one (docs/BENCHMARKS.md).
+    max_prompt_tokens: int = DEFAULT_MAX_PROMPT_TOKENS
 
 
 @dataclass(frozen=True)
@@ -240,6 +245,7 @@ _TASKS: dict[str, Task] = {
             request=_abstract_request,
             search_text=lambda q: q["title"],
             example=lambda r, body: (_abstract_request({"title": r.title or "(untitled)"}), body),
+            max_prompt_tokens=512,  # docs/BENCHMARKS.md, the private prompt budget
         ),
         Task(
             name="title",
@@ -286,6 +292,7 @@ _TASKS: dict[str, Task] = {
             example=lambda r, body: ("Write one of your tweets.", body),
             aliases={"text": "tweet", "input": "tweet"},
             rewrites=lambda q: _tweet_of(q["tweet"]),
+            max_prompt_tokens=256,  # docs/BENCHMARKS.md, the private prompt budget
         ),
         Task(
             name="email",
@@ -298,6 +305,7 @@ _TASKS: dict[str, Task] = {
             example=_email_example,
             own_text=own_words,
             aliases={"title": "subject"},
+            max_prompt_tokens=768,  # docs/BENCHMARKS.md, the private prompt budget
         ),
         Task(
             name="note",
@@ -337,6 +345,11 @@ def get_task(name: str) -> Task:
         return _TASKS[name]
     except KeyError:
         raise UnknownTask(f"unknown task {name!r}; choose one of {task_names()}") from None
+
+
+def prompt_budget(task: str, max_prompt_tokens: int | None = None) -> int:
+    """The private prompt budget: the caller's when given, else the task's measured default."""
+    return get_task(task).max_prompt_tokens if max_prompt_tokens is None else max_prompt_tokens
 
 
 def _query_fields(task: Task, query: Mapping[str, object] | str) -> dict[str, str]:
@@ -464,7 +477,7 @@ def build_prompt(
     hits: Sequence[Hit | Record],
     *,
     count_tokens: Callable[[str], int] = whitespace_tokens,
-    max_prompt_tokens: int = DEFAULT_MAX_PROMPT_TOKENS,
+    max_prompt_tokens: int | None = None,
     per_record_tokens: int | None = None,
     min_example_tokens: int = DEFAULT_MIN_EXAMPLE_TOKENS,
     system: str = DEFAULT_SYSTEM,
@@ -472,7 +485,8 @@ def build_prompt(
     """The task's prompt with and without the retrieved records, fitted to a token budget.
 
     Each record becomes an earlier turn of the task (its request, then the user's text as the
-    reply), best-ranked last. Records keep their rank order in `records`. Every turn's request is
+    reply), best-ranked last. `max_prompt_tokens` None: the task's budget (`prompt_budget`).
+    Records keep their rank order in `records`. Every turn's request is
     kept when it fits; bodies share the remaining budget (short ones whole, long ones cut with
     an ellipsis, listed in `truncated`); when even the requests do not fit, the lowest-ranked
     records are left out and listed in `dropped`. `per_record_tokens` caps each body even when
@@ -484,6 +498,7 @@ def build_prompt(
     measured on the retrieved records' own texts, whole.
     """
     spec = get_task(task)
+    max_prompt_tokens = prompt_budget(task, max_prompt_tokens)
     if min_example_tokens < 0:
         raise ValueError(f"min_example_tokens must be >= 0, not {min_example_tokens}")
     fields = _query_fields(spec, query)
