@@ -88,3 +88,28 @@ def test_generate_passes_the_options_to_the_client(tiny_model, options) -> None:
     [call] = client.calls
     assert {name: call[name] for name in options} == options
     bridge.close()
+
+
+def test_meta_openings_and_end_release_reach_the_decoder(spawn, tiny_model) -> None:
+    """An app writing in another language gives its own meta-answer openings: the text the tiny
+    Specialist opens with, declared one, is not written; [] turns the rule off."""
+    tok = tiny_model.tokenizer
+    plain = Client(tiny_model).generate(QUERY["query"], task="note", max_new_tokens=12,
+                                        meta_openings=())
+    # an opening the tokenizer writes as the text's own first ids (decode does not always
+    # round-trip on the tiny tokenizer, so take the first length that does)
+    phrase = next(tok.decode(plain.tokens[:n]) for n in range(2, 8)
+                  if tok.encode(tok.decode(plain.tokens[:n])) == list(plain.tokens[:n]))
+    bridge = spawn()
+    params = {**QUERY, "max_new_tokens": 12, "meta_openings": [phrase], "end_release": 0.9}
+    assert_valid("generate", "params", params)
+    assert_valid("prepare", "params", params)
+    text = bridge.call("generate", params)["result"]["text"]
+    assert not text.startswith(phrase.strip())
+    off = bridge.call("generate", {**QUERY, "max_new_tokens": 12, "meta_openings": []})
+    assert off["result"]["text"] == plain.text
+    for bad in ({"end_release": 0}, {"end_release": 1.5}, {"meta_openings": [""]},
+                {"meta_openings": "I'm sorry"}):
+        answer = bridge.call("generate", {**QUERY, **bad})
+        assert answer["error"]["code"] == errors.INVALID_PARAMS, bad
+    assert bridge.close() == 0

@@ -45,7 +45,8 @@ NOTIFICATIONS = ["generate.piece", "generate.mode", "generate.stats"]
 # Client.stream and Client.prepare as they are, so what prepare makes ahead (the first round's
 # draft, the companion session) is keyed by the settings the generate will use
 DECODING_OPTIONS = ("preset", "method", "max_new_tokens", "temperature", "gamma", "alpha", "k",
-                    "adaptive_k", "top_k", "top_p", "seed", "no_repeat_ngram", "leak_guard")
+                    "adaptive_k", "top_k", "top_p", "seed", "no_repeat_ngram", "leak_guard",
+                    "end_release", "meta_openings")
 # what only a stream takes besides them (`query` and `task` are positional)
 _STREAM_OPTIONS = (*DECODING_OPTIONS, "stop", "offline", "before", "prefix")
 
@@ -332,6 +333,8 @@ def _options(params: dict[str, Any], names: tuple[str, ...]) -> dict[str, Any]:
     options = {name: params[name] for name in names if name in params}
     if options.get("preset") == "default":
         options.pop("preset")
+    if "meta_openings" in options:  # a JSON list; Params keeps a tuple (hashable, immutable)
+        options["meta_openings"] = tuple(options["meta_openings"])
     return options
 
 

@@ -166,6 +166,16 @@ export interface DecodingOptions {
    * what a draft that copies private history verbatim does: allow (sent, counted; the default), redact (cut from the draft), hold (the rest is written on the device alone); the counts are in stats.leak_flagged / leak_redacted / leak_held
    */
   leak_guard?: "allow" | "redact" | "hold";
+  /**
+   * before the user's minimum length an end-of-text still stands when the deciding model gives it more than this probability (default 0.5; 1: always held back, the text is padded to the minimum)
+   */
+  end_release?: number;
+  /**
+   * phrases the text may not open with (meta answers such as "I'm sorry, but I can't …"); default: the SDK's English list (specsteer.meta_answers); [] turns the rule off; give your own for another language
+   *
+   * @maxItems 64
+   */
+  meta_openings?: string[];
 }
 export interface GenerateResult {
   text: string;
