@@ -12,12 +12,17 @@ takes it (then the lower id): sessions that come one after another alternate, ne
 chance on one replica. When it is gone, the next request of
 the id lands on another replica, which holds no state for it: the ingress closes the device's
 connection and the device resumes its session there (`protocol.Resume`).
+
+No `FIFOMixin`: with it, a replica chosen for one connection's request is handed to the oldest
+request waiting to be routed, whichever connection that is, so under load (requests queued
+while Serve probes the replicas) a frame landed on another connection's replica, found no
+state there, and cost its device a resume. Serve's default hands the replica to the very
+request it was chosen for.
 """
 
 from collections import Counter, OrderedDict
 
 from ray.serve.request_router import (
-    FIFOMixin,
     PendingRequest,
     ReplicaID,
     RequestRouter,
@@ -30,7 +35,7 @@ MAX_REMEMBERED = 100_000
 RELEASE = "release"  # the verifier method the ingress calls when a connection ends
 
 
-class SessionAffinityRouter(FIFOMixin, RequestRouter):
+class SessionAffinityRouter(RequestRouter):
     """Sticky, least-loaded placement of connections on replicas."""
 
     def initialize_state(self, **kwargs: object) -> None:

@@ -7,6 +7,7 @@ network failure (refused, timed out, dropped) into `CompanionUnavailable`.
 from __future__ import annotations
 
 import contextlib
+import socket
 import ssl
 
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
@@ -17,6 +18,25 @@ from specsteer.protocol import ErrorCode
 
 # A verdict is a few hundred bytes; allow the largest row reply and a long prompt with margin.
 MAX_FRAME_BYTES = 2**16 + 1024
+
+
+class _ShutdownFirstConnection(ClientConnection):
+    """A websockets connection whose socket is shut down before it is closed.
+
+    websockets' receive thread can sit in a blocking `SSLSocket.recv`: a TLS 1.3 peer's session
+    ticket (or half a record) makes the socket readable, and OpenSSL then waits for application
+    data. Closing the file descriptor from another thread does not wake that read on Linux, and
+    websockets joins the thread after every close (a handshake timeout, a close that timed
+    out), so against a peer that completes TLS and then says nothing, `connect(open_timeout=10)`
+    returned only when the peer hung up: minutes. `shutdown` wakes the read at once (EOF).
+    """
+
+    def close_socket(self) -> None:
+        with contextlib.suppress(OSError):  # not connected, or already shut down
+            # the plain socket's shutdown: SSLSocket.shutdown would drop the SSL object that the
+            # receive thread may be reading with
+            socket.socket.shutdown(self.socket, socket.SHUT_RDWR)
+        super().close_socket()
 
 
 class WebSocketChannel:
@@ -34,6 +54,7 @@ class WebSocketChannel:
                 max_size=MAX_FRAME_BYTES,
                 compression=None,
                 close_timeout=2,
+                create_connection=_ShutdownFirstConnection,
             )
             self._ws: ClientConnection = self._connect.__enter__()
         except (OSError, TimeoutError, InvalidHandshake, InvalidURI, ConnectionClosed) as exc:
