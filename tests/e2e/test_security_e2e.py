@@ -73,7 +73,7 @@ def test_canary_over_tls(tiny_model, tiny_generalist, store, tmp_path):
         client = Client(
             tiny_model,
             history=store,
-            companion=url.replace("127.0.0.1", "localhost"),
+            companion=url,
             ssl_context=client_ssl_context(cert),
             tap=lambda d, f: frames.append((d, f)),
         )

@@ -50,7 +50,6 @@ def test_tokens_and_tls_through_the_cli(tiny_model, tmp_path):
                                       "--key", str(key)])
     try:
         assert url.startswith("wss://")
-        url = url.replace("127.0.0.1", "localhost")
         tls = client_ssl_context(cert)
         history = HistoryStore(memory=True)
         ok = Client(tiny_model, history=history, companion=url, token=device.secret,
