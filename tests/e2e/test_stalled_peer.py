@@ -53,7 +53,7 @@ class StalledPeer:
 
     @property
     def url(self) -> str:
-        return f"{'wss' if self.context else 'ws'}://localhost:{self.port}/"
+        return f"{'wss' if self.context else 'ws'}://127.0.0.1:{self.port}/"
 
     def _serve(self) -> None:
         try:
