@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from budget_mail import CHANGED, REQUEST, budget_history
 from counting import CountingModel
 
 from specsteer.client import Client
@@ -11,17 +12,10 @@ from specsteer.runtime.track import common_prefix
 from specsteer_companion.local import LocalChannel
 from specsteer_companion.verifier import Verifier
 
-REQUEST = "Budget for the next quarter"
-CHANGED = "Budget for the next quarter and the offsite"
-
 
 @pytest.fixture()
 def store() -> HistoryStore:
-    history = HistoryStore(memory=True)
-    for n in range(4):
-        history.add(kind="email", title=f"Budget for quarter {n}",
-                    body=f"Dear team, the budget for quarter {n} stays as it is. " * 6)
-    return history
+    return budget_history()
 
 
 def _client(model, generalist, store) -> Client:

@@ -6,6 +6,7 @@ import threading
 import time
 
 import pytest
+from budget_mail import CHANGED, REQUEST, budget_history
 from closing import closed_in_time
 
 from specsteer.client import Client
@@ -19,17 +20,10 @@ from specsteer_companion.local import LocalChannel
 from specsteer_companion.server import CompanionServer
 from specsteer_companion.verifier import Verifier
 
-REQUEST = "Budget for the next quarter"
-CHANGED = "Budget for the next quarter and the offsite"
-
 
 @pytest.fixture()
 def store() -> HistoryStore:
-    history = HistoryStore(memory=True)
-    for n in range(4):
-        history.add(kind="email", title=f"Budget for quarter {n}",
-                    body=f"Dear team, the budget for quarter {n} stays as it is. " * 6)
-    return history
+    return budget_history()
 
 
 class _Channels:
