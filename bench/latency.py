@@ -17,6 +17,7 @@ typing), then TTFT from the final request: its private prefill and its companion
 
     flock /tmp/specsteer-heavy.lock python bench/latency.py --users 2 --rtt 0 50 150
     flock /tmp/specsteer-heavy.lock python bench/latency.py --users 2 --rtt 50 --threads 2
+    flock /tmp/specsteer-heavy.lock python bench/latency.py --users 2 --rtt 50 --runtime genai
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ from rich.table import Table
 
 from specsteer.client import Client, Result
 from specsteer.history import HistoryStore, load_shared_user
-from specsteer.runtime import load_model
+from specsteer.runtime import load_device_model, load_model
 from specsteer.runtime.track import Track
 from specsteer_companion.process import start_companion
 from specsteer_lab.eval.data import shared_file
@@ -154,6 +155,9 @@ def main() -> None:
     ap.add_argument("--rtt", type=float, nargs="+", default=[0.0, 50.0, 150.0],
                     help="emulated round trips, ms")
     ap.add_argument("--threads", type=int, default=1, help="device ONNX Runtime threads")
+    ap.add_argument("--runtime", choices=("device", "genai"), default="device",
+                    help="the device's runtime: raw ONNX Runtime as a Client loads it "
+                         "(`load_device_model`), or ONNX Runtime GenAI (`load_model`)")
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--max-prompt-tokens", type=int, default=None,
                     help="private prompt budget (default: the task's, as a Client gives it)")
@@ -166,12 +170,13 @@ def main() -> None:
     if hasattr(os, "sched_setaffinity"):
         cores = {DEVICE_CORE} if args.threads == 1 else set(range(args.threads))
         os.sched_setaffinity(0, cores)
-    specialist = load_model(args.specialist, precision=args.precision, threads=args.threads)
+    loader = load_device_model if args.runtime == "device" else load_model
+    specialist = loader(args.specialist, precision=args.precision, threads=args.threads)
     proc, url = start_companion(args.generalist, str(specialist.folder), args.precision,
                                 core=COMPANION_CORE)
     upstream = int(url.rsplit(":", 1)[1])
     rows: list[dict] = []
-    extra: dict[str, object] = {"threads": args.threads}
+    extra: dict[str, object] = {"threads": args.threads, "runtime": args.runtime}
     common = dict(preset=args.preset, max_new_tokens=args.max_new_tokens)
     try:
         for user in range(args.users):
@@ -236,7 +241,7 @@ def main() -> None:
             proc.kill()
     table = Table(title=f"{args.specialist} + {args.generalist} {args.precision}, preset "
                         f"{args.preset}, {args.max_new_tokens} new tokens, device threads "
-                        f"{args.threads}")
+                        f"{args.threads}, device runtime {args.runtime}")
     for col in ("user", "RTT ms", "configuration", "TTFT s", "TTFT x G", "total s",
                 "tokens", "speed x G", "warm tokens", "switch s", "session reused",
                 "drafted ahead"):

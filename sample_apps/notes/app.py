@@ -23,7 +23,7 @@ from companion import models  # noqa: E402
 from specsteer.history import HistoryStore  # noqa: E402
 from specsteer.history.ingest import ingest_path  # noqa: E402
 from specsteer.models.registry import home  # noqa: E402
-from specsteer.runtime import load_model  # noqa: E402
+from specsteer.runtime import load_device_model  # noqa: E402
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 
@@ -67,7 +67,7 @@ def main(argv: list[str] | None = None) -> None:
         proc, companion = start_companion(generalist, specialist, timeout_s=600)
     settings = Settings(companion=companion, token=args.token, preset=args.preset)
     engine = NotesEngine(
-        load_model(specialist), history(args.history), settings,
+        load_device_model(specialist), history(args.history), settings,
         max_new_tokens=args.max_new_tokens or (120 if args.real else 240),
         min_token_s=(args.min_token_ms if args.min_token_ms is not None
                      else 0.0 if args.real else 25.0) / 1000,

@@ -33,7 +33,7 @@ from specsteer.history import HistoryStore, Prompt, build_prompt, continuation_p
 from specsteer.link import CompanionLink, FrameChannel, FrameTap, LinkStats
 from specsteer.meta_answers import opening_ids
 from specsteer.prepared import KeptSessions, KeptTracks, OpeningSession
-from specsteer.runtime import load_model
+from specsteer.runtime import load_device_model
 from specsteer.runtime.base import LanguageModel
 from specsteer.tokenizer import Message
 
@@ -178,7 +178,7 @@ class Client:
             for url in companion:
                 _check_token_transport(url, allow_insecure)
         self.specialist = specialist if not isinstance(specialist, str | Path) \
-            else load_model(specialist, threads=threads)
+            else load_device_model(specialist, threads=threads)
         self.history = HistoryStore(history) if isinstance(history, str | Path) else history
         self.companion: tuple[str, ...] | ChannelFactory | None = companion
         self._next_url = 0  # where the next connection starts in a list of URLs

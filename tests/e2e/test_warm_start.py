@@ -174,7 +174,9 @@ def test_the_prefill_waits_for_the_first_generalist_token(tiny_model, tiny_gener
                          link, stats))
     first_row = next(i for i, (name, _) in enumerate(seen) if name == "RowReply")
     assert all(ran == 0 for _, ran in seen[: first_row + 1])
-    assert stats.warm_tokens >= 1 and len(events) == MAX_NEW
+    # where the switch falls is timing, so the text may reach an end-of-text before MAX_NEW
+    assert stats.warm_tokens >= 1 and stats.switch_s is not None
+    assert len(events) == MAX_NEW or events[-1].token in tiny_model.tokenizer.eos_ids
     assert counted.appended >= len(prompt.private_ids)  # and then it ran
 
 

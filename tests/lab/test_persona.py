@@ -66,13 +66,14 @@ def test_the_demo_prompt_shows_the_persona_its_own_sign_off(monkeypatch: pytest.
 @pytest.mark.real_model
 def test_the_demo_letter_ends_at_its_sign_off(monkeypatch: pytest.MonkeyPatch,
                                               tmp_path: Path) -> None:
-    # The demo's own call (real pair, default preset, 96 tokens, 640-token private budget, no
-    # warm start): the user's minimum length used to pad the finished letter by repeating its
+    # The demo's own call (real pair, the Specialist on the device's runtime, default preset,
+    # 96 tokens, the email task's private budget, no warm start): the user's minimum length used to pad the finished letter by repeating its
     # sign-off ("Wren and the garden team. \n\nDairy barn, Wren and the garden team."); an
     # end the Specialist is sure of now stands (Params.end_release)
     import sys
 
     from specsteer.client import Client
+    from specsteer.runtime import load_device_model
     from specsteer_companion.local import LocalChannel
     from specsteer_companion.verifier import Verifier
 
@@ -82,7 +83,7 @@ def test_the_demo_letter_ends_at_its_sign_off(monkeypatch: pytest.MonkeyPatch,
     specialist, generalist = _compiled("qwen2.5-0.5b"), _compiled("qwen2.5-1.5b")
     monkeypatch.setenv("SPECSTEER_HOME", str(tmp_path / "home"))  # the persona's store
     verifier = Verifier(generalist, specialist)
-    client = Client(specialist, history=demo.persona_store(), max_prompt_tokens=640,
+    client = Client(load_device_model(specialist.folder), history=demo.persona_store(),
                     companion=lambda: LocalChannel.for_verifier(verifier))
     result = client.generate(demo.PERSONA_QUERY, task="email", max_new_tokens=96,
                              warm_start=False)

@@ -37,8 +37,10 @@ def demo_command(
     ] = "default",
     max_new_tokens: Annotated[int, typer.Option()] = 96,
     max_prompt_tokens: Annotated[
-        int, typer.Option(help="Private prompt budget: its prefill is the slow part on a CPU")
-    ] = 640,
+        int | None, typer.Option(help="Private prompt budget (its prefill is the slow part on a "
+                                      "CPU); default: the task's, as a Client chooses it "
+                                      "(email 768)")
+    ] = None,
     warm_start: Annotated[
         bool, typer.Option(help="Let the companion write the opening from the public request "
                                 "while the device prefills (sooner first token; the opening is "
@@ -47,7 +49,7 @@ def demo_command(
 ) -> None:
     """The main job: a real email in a sender's voice via SDK + companion on real models."""
     from specsteer.client import Client
-    from specsteer.runtime import load_model
+    from specsteer.runtime import load_device_model
     from specsteer_companion.process import start_companion
     from specsteer_lab import demo as demo_lib
 
@@ -66,7 +68,7 @@ def demo_command(
         try:
             # the device runs the very artifact the companion serves as P_S0
             client = Client(
-                load_model(specialist, precision=precision), history=store, companion=url,
+                load_device_model(specialist, precision=precision), history=store, companion=url,
                 max_prompt_tokens=max_prompt_tokens,
             )
             where = query.get("newsgroup") or query.get("to") or "?"

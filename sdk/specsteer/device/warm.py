@@ -3,10 +3,11 @@
 During a warm start the companion writes Generalist tokens from the public prompt while this
 thread prefills the Specialist's private prompt (in chunks, so it stops within one chunk when
 the generation ends or is cancelled). Nothing else touches the track until `join` returns.
-The prefill starts once the first Generalist token is in (`start`): a model pass holds
-Python's GIL (ONNX Runtime GenAI does not release it), so a prefill running meanwhile would
-hold up the connection, hello and session opening at every pass, and the first token with
-them.
+On the device's runtime (a `CancellableSession`, raw ONNX Runtime) a pass releases Python's
+GIL, so the prefill starts at once, beside the connection, hello and session opening. On a
+runtime whose pass holds the GIL (ONNX Runtime GenAI) it starts once the first Generalist
+token is in (`start`): running meanwhile, it would hold up those steps at every pass, and the
+first token with them.
 Whether a warm start pays is decided from `estimated_prefill_s`, a deterministic estimate (the
 same prompt and model always decide the same way), not from a clock.
 """
@@ -16,7 +17,7 @@ from __future__ import annotations
 import threading
 import time
 
-from specsteer.runtime.base import LanguageModel
+from specsteer.runtime.base import CancellableSession, LanguageModel
 from specsteer.runtime.track import Track
 
 # Operations per second one CPU core sustains in an int8 prefill: a round, conservative figure
@@ -40,7 +41,9 @@ class BackgroundPrefill:
     def __init__(self, track: Track, cancel: threading.Event) -> None:
         self.track, self.cancel = track, cancel
         self.stop = threading.Event()  # set when the generation ends before the switch
-        self.go = threading.Event()  # set by `start`: the first token is in
+        self.go = threading.Event()  # set by `start` (the first token is in), or at once
+        if isinstance(track.session, CancellableSession):  # its passes release the GIL
+            self.go.set()
         self.seconds = 0.0
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="specsteer-prefill", daemon=True)

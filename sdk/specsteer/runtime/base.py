@@ -9,6 +9,7 @@ else in specsteer may import a runtime library directly.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
@@ -36,6 +37,23 @@ class Session(Protocol):
 
     def close(self) -> None:
         """Free the cache."""
+        ...
+
+
+@runtime_checkable
+class CancellableSession(Session, Protocol):
+    """A session whose pass a cancel stops mid-way (raw ONNX Runtime's terminate flag), and
+    whose pass releases Python's GIL.
+
+    A prefill on such a session runs full-size passes, the same whatever the CPU's speed, and
+    still stops within milliseconds; a session without it is cancelled between passes only.
+    Its prefill can run on a thread beside the network's without holding it up.
+    """
+
+    def append_cancellable(
+        self, ids: Sequence[int], cancel: Sequence[threading.Event | None]
+    ) -> np.ndarray:
+        """`append`, or `GenerationCancelled` once any event is set, the session unchanged."""
         ...
 
 

@@ -6,11 +6,13 @@ Generalist. Rolling a rejected draft back is an index move (`keep`), as in gpt-f
 session rewinds and the row of the new last position is put back from the rows already
 computed, so no model pass is spent on it. The prompt is prefilled in chunks with a
 cancellation check between chunks; what a cancelled prefill already ran stays in the session
-and the rest stays pending, so a later `prefill` resumes it. A cancel waits for the chunk in
-flight, so the Client's device prefill paces its chunks (`PrefillPace`): each lasts about
-`PACED_CHUNK_S` whatever the CPU, instead of a fixed token count that takes seconds on a slow
-core. The price: chunk boundaries change logits by float rounding, so where a pace puts them
-(timing) can flip a near-tie in the text; fixed chunks stay the default for that reason.
+and the rest stays pending, so a later `prefill` resumes it. On a `CancellableSession` (the
+device's runtime, `load_device_model`) a cancel also stops the chunk in flight, so chunks stay
+`chunk` tokens: where they fall never depends on timing, and neither does the text (chunk
+boundaries change logits by float rounding). Elsewhere a cancel waits for the chunk in flight,
+so a prefill that must stop quickly there paces its chunks (`PrefillPace`): each lasts about
+`PACED_CHUNK_S` whatever the CPU, at the price of text that can depend on timing on a
+near-tie.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from specsteer.errors import GenerationCancelled
-from specsteer.runtime.base import LanguageModel, Session
+from specsteer.runtime.base import CancellableSession, LanguageModel, Session
 
 PREFILL_CHUNK = 128  # tokens per prefill pass (unpaced), and the most a paced pass runs
 PACED_CHUNK_S = 0.1  # seconds a paced pass aims at: a cancel may take 200 ms in all
@@ -128,14 +130,21 @@ class Track:
         Raises `GenerationCancelled` at a chunk boundary once any `cancel` event is set; the
         chunks already run stay in the session and `prefill` resumes from there.
         """
+        stoppable = isinstance(self.session, CancellableSession) and any(
+            event is not None for event in cancel)
         while self._pending:
             if any(event is not None and event.is_set() for event in cancel):
                 raise GenerationCancelled("prefill cancelled")
-            part = self._pending[: self.pace.size() if self.pace is not None else self.chunk]
-            started = time.perf_counter()
-            self._set_row(self.session.append(part)[-1])
-            if self.pace is not None:
-                self.pace.observe(len(part), time.perf_counter() - started)
+            if stoppable:  # a cancel lands mid-pass: full passes, sized by nothing but `chunk`
+                part = self._pending[: self.chunk]
+                rows = self.session.append_cancellable(part, cancel)  # type: ignore[attr-defined]
+                self._set_row(rows[-1])
+            else:
+                part = self._pending[: self.pace.size() if self.pace is not None else self.chunk]
+                started = time.perf_counter()
+                self._set_row(self.session.append(part)[-1])
+                if self.pace is not None:
+                    self.pace.observe(len(part), time.perf_counter() - started)
             self._pending = self._pending[len(part):]
         self._pending = None
 
