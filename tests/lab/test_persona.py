@@ -67,9 +67,10 @@ def test_the_demo_prompt_shows_the_persona_its_own_sign_off(monkeypatch: pytest.
 def test_the_demo_letter_ends_at_its_sign_off(monkeypatch: pytest.MonkeyPatch,
                                               tmp_path: Path) -> None:
     # The demo's own call (real pair, the Specialist on the device's runtime, default preset,
-    # 96 tokens, the email task's private budget, no warm start): the user's minimum length used to pad the finished letter by repeating its
-    # sign-off ("Wren and the garden team. \n\nDairy barn, Wren and the garden team."); an
-    # end the Specialist is sure of now stands (Params.end_release)
+    # 96 tokens, the email task's private budget, no warm start): the user's minimum length
+    # used to pad the finished letter by repeating its sign-off ("Wren and the garden team.
+    # \n\nDairy barn, Wren and the garden team."); an end the Specialist is sure of now stands
+    # (Params.end_release)
     import sys
 
     from specsteer.client import Client
