@@ -19,7 +19,7 @@ from specsteer.models.tiny import tiny_model_dir
 from specsteer.runtime import CancellableSession, load_device_model
 from specsteer.runtime.onnx import default_threads
 from specsteer.runtime.ort_batched import BatchedModel
-from specsteer.runtime.track import PrefillPace, Track
+from specsteer.runtime.track import STOPPABLE_CHUNK, PrefillPace, Track
 
 
 @pytest.fixture(scope="module")
@@ -99,15 +99,16 @@ def test_a_cancel_set_before_the_pass_runs_nothing(device_model):
     np.testing.assert_array_equal(rows, fresh.append([8, 9]))
 
 
-def test_the_device_prefill_runs_full_passes_whatever_the_pace(device_model):
-    """With a cancel to watch, a pace that would size 8-token passes is not used: where the
-    passes fall (and so the float rounding of the cache) does not depend on timing."""
+def test_the_device_prefill_runs_fixed_passes_whatever_the_pace(device_model):
+    """With a cancel to watch, a pace that would size 8-token passes is not used: the passes
+    are a fixed size, so where they fall (and the cache's float rounding) never depends on
+    timing."""
     prompt = _ids(device_model, 300, seed=5)
     pace = PrefillPace(seconds=0.1, low=8, high=128)
     track = Track(device_model, prompt, 400, lazy=True, chunk=128, pace=pace)
     track.session = recording = Recording(track.session)
     track.prefill(threading.Event())
-    assert recording.passes == [128, 128, 44]
+    assert recording.passes == [STOPPABLE_CHUNK] * 4 + [300 - 4 * STOPPABLE_CHUNK]
     # without a cancel to watch nothing can stop a pass mid-way: the pace sizes them
     paced = Track(device_model, prompt, 400, lazy=True, chunk=128, pace=PrefillPace(low=8))
     paced.session = recording = Recording(paced.session)
