@@ -9,10 +9,10 @@ cancellation check between chunks; what a cancelled prefill already ran stays in
 and the rest stays pending, so a later `prefill` resumes it. On a `CancellableSession` (the
 device's runtime, `load_device_model`) a cancel also stops the chunk in flight, so chunks are a
 fixed size (`STOPPABLE_CHUNK`): where they fall never depends on timing, and neither does the
-text (chunk boundaries change logits by float rounding). Elsewhere a cancel waits for the chunk in flight,
-so a prefill that must stop quickly there paces its chunks (`PrefillPace`): each lasts about
-`PACED_CHUNK_S` whatever the CPU, at the price of text that can depend on timing on a
-near-tie.
+text (chunk boundaries change logits by float rounding). Elsewhere a cancel waits for the
+chunk in flight, so a prefill that must stop quickly there paces its chunks (`PrefillPace`):
+each lasts about `PACED_CHUNK_S` whatever the CPU, at the price of text that can depend on
+timing on a near-tie.
 """
 
 from __future__ import annotations
