@@ -2,12 +2,13 @@
 arithmetic limit.
 
 The prompt is a real user's private prompt (newsgroups email, the task's budget), prefilled
-in 128-token passes as the device runs it; each configuration is measured `--repeats` times
-and the best run is kept (the machine is shared: the best run is the least disturbed one).
-Multiply-adds per token are the model's parameters (the tied embedding table is a lookup on
-the way in but the output layer's matrix on the way out, so it counts once) plus attention
-over the prompt so far (scores and weighted sum); the arithmetic limit is an
-estimate from `lscpu` that the script states in its output, not a measurement.
+in 128-token passes, then 32 single-token steps (the device's drafting). Each configuration
+is measured `--repeats` times and the best run is kept: the machine is shared, and the best
+run is the least disturbed one. Multiply-adds per token are the model's parameters (the tied
+embedding table is a lookup on the way in but the output layer's matrix on the way out, so it
+counts once) plus attention over the prompt so far (scores and weighted sum). The CPU's
+arithmetic limit to compare with is an estimate, written in docs/BENCHMARKS.md with its
+reasoning; this script measures rates only.
 
     flock /tmp/specsteer-heavy.lock python bench/prefill_rate.py --precisions int8 w8a8 int4 \
         --threads 1 2
@@ -42,16 +43,24 @@ def macs_per_token(position: int) -> float:
     return PARAMS + 2 * LAYERS * HIDDEN * position
 
 
-def best_rate(model, ids: list[int], repeats: int) -> float:
-    """Prompt tokens per second, the best of `repeats` cold prefills in 128-token passes."""
-    best = 0.0
+DECODE_STEPS = 32  # single-token steps after the prefill (the drafting a device does)
+
+
+def best_rates(model, ids: list[int], repeats: int) -> tuple[float, float]:
+    """(prompt tokens/s, decode tokens/s), each the best of `repeats` runs: a cold prefill in
+    128-token passes, then `DECODE_STEPS` single-token steps over the prefilled prompt."""
+    prefill = decode = 0.0
     for _ in range(repeats):
-        track = Track(model, ids, len(ids) + 8, lazy=True)
+        track = Track(model, ids, len(ids) + DECODE_STEPS + 8, lazy=True)
         started = time.perf_counter()
         track.prefill()
-        best = max(best, len(ids) / (time.perf_counter() - started))
+        prefill = max(prefill, len(ids) / (time.perf_counter() - started))
+        started = time.perf_counter()
+        for token in ids[:DECODE_STEPS]:
+            track.push(token)
+        decode = max(decode, DECODE_STEPS / (time.perf_counter() - started))
         track.close()
-    return best
+    return prefill, decode
 
 
 def main() -> None:
@@ -85,20 +94,22 @@ def main() -> None:
                 if ids is None:
                     _, prompt = Client(model, history=store).render(shared.query, task="email")
                     ids = list(prompt.private_ids)
-                rate = best_rate(model, ids, args.repeats)
+                rate, decode = best_rates(model, ids, args.repeats)
                 macs = sum(macs_per_token(p) for p in range(len(ids))) / len(ids)
                 rows.append(dict(precision=precision, threads=threads, runtime=runtime,
-                                 tokens=len(ids), tok_s=rate, gmac_s=rate * macs / 1e9))
+                                 tokens=len(ids), tok_s=rate, gmac_s=rate * macs / 1e9,
+                                 decode_tok_s=decode))
                 console.print(rows[-1])
                 del model
     table = Table(title=f"{args.specialist} prefill, {len(ids or [])}-token private prompt, "
                         "128-token passes, best of " + str(args.repeats))
-    for col in ("precision", "threads", "runtime", "tokens/s", "G multiply-adds/s",
-                "per thread"):
+    for col in ("precision", "threads", "runtime", "prefill tokens/s", "G multiply-adds/s",
+                "per thread", "decode tokens/s"):
         table.add_column(col)
     for r in rows:
         table.add_row(r["precision"], str(r["threads"]), r["runtime"], f"{r['tok_s']:.1f}",
-                      f"{r['gmac_s']:.1f}", f"{r['gmac_s'] / r['threads']:.1f}")
+                      f"{r['gmac_s']:.1f}", f"{r['gmac_s'] / r['threads']:.1f}",
+                      f"{r['decode_tok_s']:.1f}")
     console.print(table)
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1))
