@@ -67,7 +67,7 @@ def test_the_demo_prompt_shows_the_persona_its_own_sign_off(monkeypatch: pytest.
 def test_the_demo_letter_ends_at_its_sign_off(monkeypatch: pytest.MonkeyPatch,
                                               tmp_path: Path) -> None:
     # The demo's own call (real pair, the Specialist on the device's runtime, default preset,
-    # 96 tokens, the email task's private budget, no warm start): the user's minimum length
+    # 96 tokens, 640-token private budget, no warm start): the user's minimum length
     # used to pad the finished letter by repeating its sign-off ("Wren and the garden team.
     # \n\nDairy barn, Wren and the garden team."); an end the Specialist is sure of now stands
     # (Params.end_release)
@@ -85,7 +85,7 @@ def test_the_demo_letter_ends_at_its_sign_off(monkeypatch: pytest.MonkeyPatch,
     monkeypatch.setenv("SPECSTEER_HOME", str(tmp_path / "home"))  # the persona's store
     verifier = Verifier(generalist, specialist)
     client = Client(load_device_model(specialist.folder), history=demo.persona_store(),
-                    companion=lambda: LocalChannel.for_verifier(verifier))
+                    max_prompt_tokens=640, companion=lambda: LocalChannel.for_verifier(verifier))
     result = client.generate(demo.PERSONA_QUERY, task="email", max_new_tokens=96,
                              warm_start=False)
     lines = [line.strip() for line in result.text.splitlines() if line.strip()]
