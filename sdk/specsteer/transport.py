@@ -9,6 +9,8 @@ from __future__ import annotations
 import contextlib
 import socket
 import ssl
+import threading
+from typing import Any
 
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
 from websockets.sync.client import ClientConnection, connect
@@ -20,16 +22,41 @@ from specsteer.protocol import ErrorCode
 MAX_FRAME_BYTES = 2**16 + 1024
 
 
-class _ShutdownFirstConnection(ClientConnection):
-    """A websockets connection whose socket is shut down before it is closed.
+class _DeviceConnection(ClientConnection):
+    """A websockets connection whose receive thread reads nothing before the upgrade request is
+    sent, and whose socket is shut down before it is closed.
 
-    websockets' receive thread can sit in a blocking `SSLSocket.recv`: a TLS 1.3 peer's session
-    ticket (or half a record) makes the socket readable, and OpenSSL then waits for application
-    data. Closing the file descriptor from another thread does not wake that read on Linux, and
-    websockets joins the thread after every close (a handshake timeout, a close that timed
-    out), so against a peer that completes TLS and then says nothing, `connect(open_timeout=10)`
-    returned only when the peer hung up: minutes. `shutdown` wakes the read at once (EOF).
+    websockets' receive thread starts before the handshake and reads the socket as soon as it is
+    readable, while the calling thread writes the upgrade request. A TLS 1.3 server sends its
+    session tickets right after the handshake, so the thread's `SSL_read` can be processing a
+    ticket at the very moment the request goes through `SSL_write` on the same OpenSSL object,
+    which is not safe from two threads: the write returned and the request never reached the
+    wire (the kernel counted only the ClientHello and Finished sent), the server waited for it,
+    and the connect timed out. About 1 connect in 170 against a local uvicorn, as Serve's proxy
+    runs it, and 2 of 8 sequential generations against the Ray application (docs/scale.md,
+    "A handshake left unanswered"). Holding the first read until the request is out removes the
+    overlap: the tickets come before the server's answer, so they are read while this thread
+    waits for that answer and writes nothing.
+
+    The receive thread can also sit in a blocking `SSLSocket.recv`: a session ticket (or half a
+    record) makes the socket readable, and OpenSSL then waits for application data. Closing the
+    file descriptor from another thread does not wake that read on Linux, and websockets joins
+    the thread after every close (a handshake timeout, a close that timed out), so against a
+    peer that completes TLS and then says nothing, `connect(open_timeout=10)` returned only
+    when the peer hung up: minutes. `shutdown` wakes the read at once (EOF).
     """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self._request_sent = threading.Event()  # before super(): it starts the receive thread
+        super().__init__(*args, **kwargs)
+
+    def send_data(self) -> None:
+        super().send_data()
+        self._request_sent.set()  # the first send is the upgrade request
+
+    def recv_events(self) -> None:
+        self._request_sent.wait()
+        super().recv_events()
 
     def close_socket(self) -> None:
         with contextlib.suppress(OSError):  # not connected, or already shut down
@@ -37,6 +64,7 @@ class _ShutdownFirstConnection(ClientConnection):
             # receive thread may be reading with
             socket.socket.shutdown(self.socket, socket.SHUT_RDWR)
         super().close_socket()
+        self._request_sent.set()  # a receive thread still waiting finds the socket closed
 
 
 class WebSocketChannel:
@@ -54,7 +82,7 @@ class WebSocketChannel:
                 max_size=MAX_FRAME_BYTES,
                 compression=None,
                 close_timeout=2,
-                create_connection=_ShutdownFirstConnection,
+                create_connection=_DeviceConnection,
             )
             self._ws: ClientConnection = self._connect.__enter__()
         except (OSError, TimeoutError, InvalidHandshake, InvalidURI, ConnectionClosed) as exc:

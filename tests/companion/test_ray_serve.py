@@ -6,8 +6,9 @@ sessions again; a revoked token's live connection ends within seconds, idle or w
 a replica; the caps and budgets hold for the cluster, not per replica; twelve devices hold
 sessions at once; autoscaling adds a replica under load, and a replica removed when the load
 is gone costs its sessions a resync; an unreachable cluster or a missing Ray is a one-line
-error. Devices that do not test a refusal use `offline="wait(...)"`, so that a handshake
-Serve's proxy leaves unanswered (docs/scale.md) costs a retry, not the test."""
+error. Devices that do not test a refusal use `offline="wait(...)"`, so that a connect timing
+out on the loaded shared machine costs a retry, not the test (the handshakes once left
+unanswered were the device's own race: docs/scale.md, `tests/e2e/test_tls_session_tickets.py`)."""
 
 from __future__ import annotations
 
@@ -227,10 +228,10 @@ class _Barrier:
 def test_more_devices_at_once_than_serve_s_default_of_five(cluster, tiny_model, reference):
     """Every websocket is one request of the ingress for its whole life: twelve devices hold
     sessions at once (each waits at its first draft until all twelve have one open) and every
-    text is the in-process companion's. A handshake that Serve's proxy leaves unanswered (seen
-    on the shared 2-core machine, not root-caused: docs/scale.md) costs a device one connect
-    timeout and a retry (`offline="wait(...)"`); with Serve's default of five requests at once
-    the sixth device could never connect while five held theirs, and the barrier would break.
+    text is the in-process companion's. A connect that times out on the shared 2-core machine
+    costs a device one connect timeout and a retry (`offline="wait(...)"`); with Serve's
+    default of five requests at once the sixth device could never connect while five held
+    theirs, and the barrier would break.
     No device resumes: twelve at once is where a router handing a chosen replica to another
     connection's request (Serve's `FIFOMixin`) sent frames to replicas without their state."""
     devices = [cluster.tokens.create(f"device-{n}") for n in range(12)]

@@ -3,10 +3,10 @@
 Real sockets on loopback: a peer that accepts TCP (and completes TLS with a self-signed
 certificate made here) and then never answers the websocket upgrade, and one that answers it and
 then stops in the middle of a TLS record. websockets' receive thread sits in a blocking TLS read
-on such a peer, and before `transport._ShutdownFirstConnection` every close joined that thread
-until the peer hung up, so `WebSocketChannel(url, open_timeout=...)` did not return and the
-device never fell back to offline. Each call runs on a watchdog thread so that a regression
-fails here rather than hanging the suite.
+on such a peer, and before `transport._DeviceConnection` shut the socket down first, every close
+joined that thread until the peer hung up, so `WebSocketChannel(url, open_timeout=...)` did not
+return and the device never fell back to offline. Each call runs on a watchdog thread so that a
+regression fails here rather than hanging the suite.
 """
 
 from __future__ import annotations
