@@ -39,7 +39,7 @@ def demo_command(
     # 640, not the email task's 768: the persona's letter at 768 (one more example in the
     # prompt) repeats a line until the token limit and loses its sign-off (measured, greedy)
     max_prompt_tokens: Annotated[
-        int | None, typer.Option(help="Private prompt budget (its prefill is the slow part on a "
+        int, typer.Option(help="Private prompt budget (its prefill is the slow part on a "
                                       "CPU); 0 = the task's, as a Client chooses it")
     ] = 640,
     warm_start: Annotated[

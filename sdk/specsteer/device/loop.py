@@ -243,7 +243,7 @@ class _Generation:
         ahead, self.ahead = self.ahead, None
         self.remote = collaborate(
             self.specialist, self.local, list(self.prompt.public_ids), list(self.out), left, link,
-            self.stats, self.rng, self.guard, self.next_round, ahead,
+            self.stats, self.rng, self.guard, self.next_round, ahead, openings=self.openings,
         )
 
     def _drop_ahead(self) -> None:

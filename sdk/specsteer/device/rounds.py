@@ -23,12 +23,10 @@ from specsteer.device.events import DecodeStats
 from specsteer.device.leak_guard import LeakGuard, LeakHeld, best_allowed
 from specsteer.draft_length import DraftLength
 from specsteer.link import CompanionLink
-from specsteer.meta_answers import opening_ids
 from specsteer.protocol import HelloOk, Mode, SessionSettings, Verdict
 from specsteer.runtime.base import LanguageModel
 from specsteer.runtime.track import Track
 from specsteer.settings import Params
-from specsteer.tokenizer import Tokenizer
 
 MODES = {"speculative": Mode.SPECULATIVE, "specsteer": Mode.SPECSTEER}  # others: Mode.ROWS
 
@@ -81,6 +79,8 @@ def collaborate(
     guard: LeakGuard | None = None,
     round_: int = 0,
     ahead: Drafted | None = None,
+    *,
+    openings: Sequence[Sequence[int]],
 ) -> Iterator[tuple[int, str]]:
     """Open a session over the public prompt and yield (token, provenance) from its rounds.
 
@@ -92,7 +92,8 @@ def collaborate(
     `LeakHeld` under "hold"); the per-token baselines are not guarded. A session `link`
     already holds unused over this prompt and settings (`Client.prepare`) is used as it is;
     any other one is replaced. `ahead`: the first round's draft, made ahead (`first_draft`:
-    `local` holds the prompt plus its tokens).
+    `local` holds the prompt plus its tokens). `openings`: the ids of `params.meta_openings`
+    (`meta_answers.opening_ids`, made once per generation).
     """
     settings = session_settings(params, link)
     mode, s0_here = settings.mode, settings.s0_on_device
@@ -104,7 +105,8 @@ def collaborate(
         link.open(public_prompt, settings)
     public_ids = [*public_prompt, *committed]
     if mode is Mode.ROWS:
-        yield from row_tokens(local, params, link, stats, rng, specialist.tokenizer, committed)
+        yield from row_tokens(local, params, link, stats, rng, specialist.tokenizer.eos_ids,
+                              openings, committed)
         return
     if ahead is not None:  # a resume later in the generation keeps the count of its start
         stats.drafted_ahead = len(ahead.tokens)
@@ -112,7 +114,7 @@ def collaborate(
         if s0_here else None
     yield from SteeredRounds(
         specialist, local, s0, params, link, stats, rng, mode, guard=guard, written=committed,
-        ahead=ahead,
+        ahead=ahead, openings=openings,
     ).tokens()
 
 
@@ -138,11 +140,12 @@ class SteeredRounds:
         guard: LeakGuard | None = None,
         written: list[int] | None = None,
         ahead: Drafted | None = None,
+        openings: Sequence[Sequence[int]],
     ) -> None:
         self.local, self.s0, self.params, self.link = local, s0, params, link
         self.stats, self.rng, self.mode = stats, rng, mode
         self.eos = specialist.tokenizer.eos_ids
-        self.openings = opening_ids(specialist.tokenizer, params.meta_openings)
+        self.openings = openings
         self.pipeline = params.pipeline and params.temperature <= 0
         self.sizer = DraftLength(params.k, 1, params.k_max, self.pipeline) \
             if params.adaptive_k else None
@@ -379,13 +382,13 @@ def row_tokens(
     link: CompanionLink,
     stats: DecodeStats,
     rng: np.random.Generator | None,
-    tokenizer: Tokenizer,
+    eos: frozenset[int],
+    openings: Sequence[Sequence[int]],
     written: Sequence[int] = (),
 ) -> Iterator[tuple[int, str]]:
     """Per-token baselines: LLM alone, LightCoSteer and CoSteer over the companion's top-k row.
-    `written`: the output before this session (a resume); the rules see the whole output."""
-    eos = tokenizer.eos_ids
-    openings = opening_ids(tokenizer, params.meta_openings)
+    `written`: the output before this session (a resume); the rules see the whole output.
+    `openings`: the ids of `params.meta_openings`."""
     committed: list[int] = []
     committed_all: list[int] = []  # every token of this session: the minimum length counts them
     needs_local = params.method != "llm"

@@ -6,8 +6,8 @@
   companion, `load_batched_model`), and `load_device_model`, the Client's Specialist: one
   session a pass, as compiled (no `onnx` package), chosen for the device because its pass
   releases Python's GIL (a warm start's prefill does not hold up the Generalist's tokens, nor
-  a UI thread its cancel) and a cancel stops it mid-pass, so the device's prefill runs fixed
-  full-size passes (the same float rounding on every CPU) and still stops within milliseconds.
+  a UI thread its cancel) and a cancel stops it mid-pass, so the device's prefill runs
+  fixed-size passes (the same float rounding on every CPU) and still stops within milliseconds.
 
 An MLC-LLM backend would be a sibling module implementing `LanguageModel`/`Session`; PyPI's
 `mlc-llm-*` packages are placeholders today, so none is shipped.
@@ -19,7 +19,7 @@ from pathlib import Path
 
 from specsteer.runtime.base import CancellableSession, LanguageModel, Session
 from specsteer.runtime.folder import resolve_folder
-from specsteer.runtime.onnx import OnnxModel, default_threads, load_model
+from specsteer.runtime.onnx import OnnxModel, load_model, resolve_threads
 from specsteer.runtime.ort_batched import BatchedModel
 
 __all__ = ["CancellableSession", "LanguageModel", "OnnxModel", "Session", "load_device_model",
@@ -37,7 +37,5 @@ def load_device_model(
 
     threads: intra-op threads; None = every core this process may use.
     """
-    if threads is not None and threads < 1:
-        raise ValueError(f"threads must be >= 1, not {threads}")
     return BatchedModel(resolve_folder(name_or_folder, precision),
-                        threads=threads or default_threads(), verify=verify, batchable=False)
+                        threads=resolve_threads(threads), verify=verify, batchable=False)

@@ -45,7 +45,7 @@ class CancellableSession(Session, Protocol):
     """A session whose pass a cancel stops mid-way (raw ONNX Runtime's terminate flag), and
     whose pass releases Python's GIL.
 
-    A prefill on such a session runs full-size passes, the same whatever the CPU's speed, and
+    A prefill on such a session runs fixed-size passes, the same whatever the CPU's speed, and
     still stops within milliseconds; a session without it is cancelled between passes only.
     Its prefill can run on a thread beside the network's without holding it up.
     """

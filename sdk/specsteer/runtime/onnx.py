@@ -38,7 +38,8 @@ def default_threads() -> int:
         return max(1, os.cpu_count() or 1)
 
 
-def _threads(threads: int | None) -> int:
+def resolve_threads(threads: int | None) -> int:
+    """`threads` checked, or `default_threads()` for None."""
     if threads is None:
         return default_threads()
     if threads < 1:
@@ -86,7 +87,7 @@ class OnnxModel(FolderModel):
         self, folder: str | Path, *, threads: int | None = None, verify: bool = False
     ) -> None:
         super().__init__(folder, verify=verify)
-        threads = _threads(threads)
+        threads = resolve_threads(threads)
         info = self.info
         config = og.Config(str(self.folder))
         config.clear_providers()
