@@ -7,6 +7,7 @@ companion needs crosses the wire as `protocol.SessionSettings`, built here by
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from specsteer.meta_answers import META_OPENINGS
@@ -18,6 +19,10 @@ _WIRE = SessionSettings()  # the method's defaults, written once (protocol.Sessi
 LEAK_GUARDS = ("allow", "redact", "hold")
 METHODS = ("slm", "slm_rag", "llm", "speculative", "light_costeer", "costeer", "specsteer")
 LOCAL_METHODS = ("slm", "slm_rag")
+# Share of the user's minimum length before which an end-of-text is never released: asked for
+# an abstract, the Generalist ended 2 of 20 after the title alone (17 and 20 tokens of minimums
+# of 102 and 81) with more than `end_release` on the end (docs/BENCHMARKS.md, "Fourth pass")
+END_RELEASE_FROM = 0.5
 # "fast" also halves the candidate set: the fused choice ranked within the Generalist's top 32
 # at 416 of 417 measured positions, so the text is nearly always the top-64 one, at ~60 % of
 # the bytes (bench/candidates.py, docs/BENCHMARKS.md)
@@ -47,8 +52,15 @@ class Params:
     # for the LLM alone) puts more than this probability on ending: a finished letter or a
     # refusal ends instead of growing filler to the minimum (1: always held back)
     end_release: float = 0.5
-    # never repeat an n-gram of the output itself (0: off); device-only like min_new_tokens
-    no_repeat_ngram: int = 0
+    # ...and only from this many tokens on (None: `END_RELEASE_FROM` of min_new_tokens): an
+    # end before it is held back whatever the model says, since a text that short is a title
+    # or a one-line answer, not the text asked for
+    end_release_after: int | None = None
+    # never repeat an n-gram of the output itself (0: off); device-only like min_new_tokens.
+    # 8 breaks the verbatim loops of greedy small models (20 newsgroup senders: SpecSteer +0.87
+    # ROUGE-1 [+0.20, +1.74], looping texts 7 -> 5; 8 abstracts: SLM+RAG +1.39; 20 tweets: no
+    # text changed; docs/BENCHMARKS.md, "Fourth pass")
+    no_repeat_ngram: int = 8
     # phrases the output may not open with: meta answers ("I'm sorry, but I can't assist …";
     # `meta_answers`); device-only; () turns the rule off
     meta_openings: tuple[str, ...] = META_OPENINGS
@@ -91,6 +103,8 @@ class Params:
             raise ValueError("leak_guard_n must be at least 2")
         if not 0.0 < self.end_release <= 1.0:
             raise ValueError("end_release must be in (0, 1]")
+        if self.end_release_after is not None and self.end_release_after < 0:
+            raise ValueError("end_release_after must be None or >= 0")
         if not isinstance(self.meta_openings, tuple) \
                 or not all(isinstance(p, str) and p for p in self.meta_openings):
             raise ValueError("meta_openings must be a tuple of non-empty strings")
@@ -105,6 +119,13 @@ class Params:
         if name is not None and name not in PRESETS:
             raise ValueError(f"unknown preset {name!r}; presets: {', '.join(PRESETS)}")
         return cls(**{**PRESETS[name or "default"], **overrides})  # type: ignore[arg-type]
+
+    @property
+    def release_after(self) -> int:
+        """Output position from which `end_release` may let an end-of-text stand."""
+        if self.end_release_after is not None:
+            return self.end_release_after
+        return math.ceil(END_RELEASE_FROM * self.min_new_tokens)
 
     @property
     def collaborative(self) -> bool:

@@ -94,10 +94,28 @@ def test_an_end_the_deciding_model_is_sure_of_is_let_through(tiny_model, tiny_ge
     def under(release: float) -> list[int]:
         return _run(stopping, tiny_generalist, Params(
             method=method, max_new_tokens=30, min_new_tokens=20, end_release=release,
-            pipeline=pipeline))
+            end_release_after=0, pipeline=pipeline))
 
     assert under(1e-9) == free[:3]
     assert len(under(1.0)) >= 20
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_an_end_before_half_the_minimum_is_held_however_sure(tiny_model, tiny_generalist,
+                                                             method):
+    # a title-length answer: at any threshold, an end at position 2 stands under a minimum
+    # of 4 (released from position 2 on) but not under one of 20 (from position 10 on)
+    free = _run(tiny_model, tiny_generalist, Params(method=method, max_new_tokens=30))
+    stop = free[2]
+    stopping = _Model(tiny_model, _StopsAt(tiny_model.tokenizer, stop))
+
+    def under(minimum: int) -> list[int]:
+        return _run(stopping, tiny_generalist, Params(
+            method=method, max_new_tokens=30, min_new_tokens=minimum, end_release=1e-9))
+
+    assert under(4) == free[:3]
+    held = under(20)
+    assert stop not in held[:10] and len(held) > 10
 
 
 def test_the_release_threshold_is_the_deciding_row_s_end_probability():
@@ -110,8 +128,13 @@ def test_the_release_threshold_is_the_deciding_row_s_end_probability():
     assert bans(replace(params, end_release=0.6), eos, 4, [], row) == eos  # not above it
     assert bans(params, eos, 4, [], np.log(np.array([0.4, 0.5, 0.1]))) == eos
     assert bans(params, eos, 5, [], np.log(np.array([0.0001, 0.9, 0.0999]))) == frozenset()
+    assert params.release_after == 3  # half the minimum, rounded up
+    assert bans(params, eos, 2, [], row) == eos  # before it: held, however sure
+    assert bans(replace(params, end_release_after=0), eos, 2, [], row) == frozenset()
     with pytest.raises(ValueError, match="end_release"):
         Params(end_release=0.0)
+    with pytest.raises(ValueError, match="end_release_after"):
+        Params(end_release_after=-1)
 
 
 def test_minimum_zero_changes_nothing(tiny_model, tiny_generalist):
@@ -165,7 +188,8 @@ def _repeats(tokens: list[int], n: int) -> bool:
 
 @pytest.mark.parametrize("method", METHODS)
 def test_no_repeat_ngram_keeps_every_method_out_of_loops(tiny_model, tiny_generalist, method):
-    free = _run(tiny_model, tiny_generalist, Params(method=method, max_new_tokens=60))
+    free = _run(tiny_model, tiny_generalist,
+                Params(method=method, max_new_tokens=60, no_repeat_ngram=0))
     guarded = _run(tiny_model, tiny_generalist,
                    Params(method=method, max_new_tokens=60, no_repeat_ngram=3))
     assert not _repeats(guarded, 3)
@@ -176,13 +200,66 @@ def test_no_repeat_ngram_keeps_every_method_out_of_loops(tiny_model, tiny_genera
 def test_the_tiny_models_do_loop_without_the_rule(tiny_model, tiny_generalist):
     # keeps the test above meaningful: some method repeats a 3-gram when nothing stops it
     assert any(_repeats(_run(tiny_model, tiny_generalist,
-                             Params(method=m, max_new_tokens=60)), 3) for m in METHODS)
+                             Params(method=m, max_new_tokens=60, no_repeat_ngram=0)), 3)
+               for m in METHODS)
+
+
+class _CycleSession:
+    """A real session whose every logits row also favours the token after the row's own in
+    `cycle`: greedy decoding then loops through the cycle, as a small model loops on a
+    sentence (the tiny models' own loops are only 2-3 tokens long)."""
+
+    def __init__(self, base, cycle: list[int], bias: float = 50.0) -> None:
+        self.base, self.bias = base, bias
+        self.after = {token: cycle[(i + 1) % len(cycle)] for i, token in enumerate(cycle)}
+        self.first = cycle[0]
+
+    @property
+    def length(self) -> int:
+        return self.base.length
+
+    def append(self, ids):
+        rows = np.array(self.base.append(ids), dtype=np.float32, copy=True)
+        for row, token in zip(rows, ids, strict=True):
+            row[self.after.get(int(token), self.first)] += self.bias
+        return rows
+
+    def rewind(self, length: int) -> None:
+        self.base.rewind(length)
+
+    def close(self) -> None:
+        self.base.close()
+
+
+@dataclass
+class _Cycling:
+    base: object
+    cycle: list[int]
+
+    def new_session(self, **options) -> _CycleSession:
+        return _CycleSession(self.base.new_session(**options), self.cycle)
+
+    def __getattr__(self, name: str):
+        return getattr(self.base, name)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_by_default_no_method_repeats_an_8_gram(tiny_model, tiny_generalist, method):
+    """The SDK's default stops verbatim loops (docs/BENCHMARKS.md, "Fourth pass"): models that
+    loop through a 10-token sentence repeat it with the rule off, never an 8-gram of it with
+    the default."""
+    cycle = list(range(40, 50))
+    specialist, generalist = _Cycling(tiny_model, cycle), _Cycling(tiny_generalist, cycle)
+    looping = _run(specialist, generalist, Params(method=method, max_new_tokens=60,
+                                                  no_repeat_ngram=0))
+    assert _repeats(looping, 8)
+    assert not _repeats(_run(specialist, generalist, Params(method=method, max_new_tokens=60)), 8)
 
 
 @pytest.mark.parametrize("pipeline", [True, False])
 def test_no_repeat_ngram_holds_in_draft_verify_recover_rounds(tiny_model, tiny_generalist,
                                                               pipeline):
-    params = Params(max_new_tokens=200, pipeline=pipeline)
+    params = Params(max_new_tokens=200, pipeline=pipeline, no_repeat_ngram=0)
     free = _run(tiny_model, tiny_generalist, params)
     assert _repeats(free, 2)  # the rounds repeat a bigram when nothing stops them
     guarded = _run(tiny_model, tiny_generalist,

@@ -107,6 +107,38 @@ def test_eval_budget_is_the_tasks_and_the_budget_table_reads_the_runs(app, tmp_p
     assert rows[0][-1].startswith(("+", "-")) and rows[1][-3:] == ["–", "–", "– |"]
 
 
+def test_compare_runs_labels_runs_by_the_setting_that_differs(app, tmp_path, capsys,
+                                                             monkeypatch):
+    """bench/compare_runs.py: two runs that differ in alpha, paired on the same users."""
+    import runpy
+    import sys
+
+    runner = CliRunner()
+    one, two = tmp_path / "a1", tmp_path / "a2"
+    assert runner.invoke(app, [*_args(one, "slm_rag", "specsteer@0.5"), "--alpha", "1"]
+                         ).exit_code == 0
+    assert runner.invoke(app, [*_args(two, "specsteer@0.5"), "--alpha", "2"]).exit_code == 0
+    script = Path(__file__).parents[2] / "bench" / "compare_runs.py"
+    monkeypatch.setattr(sys, "argv", ["compare_runs.py", str(one), str(two)])
+    runpy.run_path(str(script), run_name="__main__")
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "task review; each run against `alpha=1.0` on the same users"
+    rows = [line.split(" | ") for line in lines if line.startswith("| ")][1:]
+    assert [row[0:3] for row in rows] == [["| specsteer@0.5", "alpha=1.0", "2"],
+                                          ["| specsteer@0.5", "alpha=2.0", "2"]]  # no slm_rag
+    assert rows[0][-2:] == ["–", "– |"] and rows[1][-2].startswith(("+", "-"))
+    assert rows[1][9].isdigit() and rows[0][8].endswith("/2")
+
+
+def test_compare_runs_counts_a_verbatim_loop():
+    import runpy
+
+    loops = runpy.run_path(str(Path(__file__).parents[2] / "bench" / "compare_runs.py"))["loops"]
+    sentence = "the model writes this very same sentence again. "
+    assert loops(sentence * 3) and not loops(sentence * 2)
+    assert not loops("a text that says one thing and then says another thing entirely")
+
+
 def test_eval_runs_a_preset_and_the_no_repeat_rule(app, tmp_path):
     out = tmp_path / "run"
     result = CliRunner().invoke(app, [*_args(out, "specsteer:fast", "specsteer@0.1"),

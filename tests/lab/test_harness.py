@@ -181,6 +181,23 @@ def test_end_release_and_meta_openings_reach_every_method():
         EvalConfig(task="email", end_release=0.0)
 
 
+def test_the_release_floor_is_a_share_of_each_users_minimum():
+    from specsteer.history.length import LengthPolicy
+    from specsteer_lab.eval.data import EvalError
+
+    length = LengthPolicy(samples=3, median_tokens=70, median_words=50, min_new_tokens=41,
+                          max_new_tokens=120)
+    for name in ("slm_rag", "llm", "specsteer@0.5"):
+        spec = parse_method(name)
+        assert EvalConfig(task="email").params(spec, length).release_after == 21  # ceil(20.5)
+        anywhere = EvalConfig(task="email", end_release_from=0.0)
+        assert anywhere.params(spec, length).release_after == 0
+        assert EvalConfig(task="email", user_length=False).params(spec, length
+                                                                  ).release_after == 0
+    with pytest.raises(EvalError, match="end_release_from"):
+        EvalConfig(task="email", end_release_from=1.5)
+
+
 def test_the_budget_is_the_tasks_unless_given(tiny_model, tiny_generalist):
     """No --max-prompt-tokens: each task's measured budget, recorded in the run's config (so a
     folder resumes only under the budget it was run with); a budget given wins."""

@@ -76,6 +76,10 @@ def eval_command(
         min=0.0, max=1.0,
         help="Let end-of-text through before the user's minimum length when the deciding model "
              "gives it more than this probability (1: never; default: the SDK's).")] = None,
+    end_release_from: Annotated[float | None, typer.Option(
+        min=0.0, max=1.0,
+        help="...but only from this share of the minimum on (0: anywhere below it; default: "
+             "the SDK's, half).")] = None,
     ban_meta_openings: Annotated[bool, typer.Option(
         help="No method may open its text with a meta answer (\"I'm sorry, but I can't …\"; "
              "the SDK's Params.meta_openings).")] = True,
@@ -107,7 +111,9 @@ def eval_command(
                             alpha=alpha, pipeline=pipeline, ban_meta_openings=ban_meta_openings,
                             **({} if no_repeat_ngram is None
                                else {"no_repeat_ngram": no_repeat_ngram}),
-                            **({} if end_release is None else {"end_release": end_release}))
+                            **({} if end_release is None else {"end_release": end_release}),
+                            **({} if end_release_from is None
+                               else {"end_release_from": end_release_from}))
         examples = data_lib.load_examples(task, data, users)
         err.print(f"{len(examples)} users × {len(specs)} methods; loading {specialist} and "
                   f"{generalist}", style="dim", markup=False)

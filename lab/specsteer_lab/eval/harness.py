@@ -17,6 +17,7 @@ which changes a token).
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -30,7 +31,7 @@ from specsteer.history.length import LengthPolicy
 from specsteer.history.store import HistoryStore
 from specsteer.link import CompanionLink, FrameChannel
 from specsteer.runtime.base import LanguageModel
-from specsteer.settings import PRESETS
+from specsteer.settings import END_RELEASE_FROM, PRESETS
 from specsteer.tokenizer import Message
 from specsteer_companion.local import LocalChannel
 from specsteer_companion.verifier import Verifier
@@ -131,6 +132,9 @@ class EvalConfig:
     # An end-of-text before the user's minimum stands when the deciding model gives it more
     # than this (`Params.end_release`; 1: always held back), the same for every method.
     end_release: float = Params().end_release
+    # ...and only from this share of the minimum on (`Params.end_release_after`; 0: anywhere
+    # below the minimum, the rule before the fourth pass of issue 14).
+    end_release_from: float = END_RELEASE_FROM
     # The output may not open with a meta answer ("I'm sorry, but I can't …":
     # `Params.meta_openings`), the same for every method.
     ban_meta_openings: bool = True
@@ -143,6 +147,8 @@ class EvalConfig:
         # The budget in force is recorded (run_config, the report), whichever way it was chosen.
         object.__setattr__(self, "max_prompt_tokens",
                            prompts.prompt_budget(self.task, self.max_prompt_tokens))
+        if not 0.0 <= self.end_release_from <= 1.0:
+            raise EvalError(f"end_release_from must be in [0, 1], not {self.end_release_from}")
         try:  # the decoding settings every method shares: refused before any model loads
             Params(alpha=self.alpha, k=self.draft_k, top_k=self.top_k,
                    no_repeat_ngram=self.no_repeat_ngram, end_release=self.end_release)
@@ -160,6 +166,7 @@ class EvalConfig:
         return Params(method=spec.method, gamma=spec.gamma, alpha=self.alpha, k=self.draft_k,
                       top_k=spec.top_k or self.top_k, max_new_tokens=high, min_new_tokens=low,
                       no_repeat_ngram=self.no_repeat_ngram, end_release=self.end_release,
+                      end_release_after=math.ceil(self.end_release_from * low),
                       meta_openings=Params().meta_openings if self.ban_meta_openings else (),
                       costeer_iterations=self.costeer_iterations, pipeline=self.pipeline,
                       warm_start=False)  # the method's own text: no timing-dependent start

@@ -43,10 +43,12 @@ def bans(params: Params, eos: frozenset[int], position: int, context: list[int],
     """Ids the token at `position` of this session's output may not be, after the whole
     output `context`: end-of-text before the minimum length, unless the deciding model's `row`
     there (logits, or log-probabilities of `ids`: `steer.end_probability`) puts more than
-    `end_release` on it; a repeat of an output n-gram; the end of a meta-answer opening
-    (`openings`: `meta_answers.opening_ids` of `params.meta_openings`)."""
-    held = position < params.min_new_tokens \
-        and steer.end_probability(row, eos, ids) <= params.end_release
+    `end_release` on it (from `params.release_after` on; before it, always); a repeat of an
+    output n-gram; the end of a meta-answer opening (`openings`: `meta_answers.opening_ids`
+    of `params.meta_openings`)."""
+    held = position < params.min_new_tokens and (
+        position < params.release_after
+        or steer.end_probability(row, eos, ids) <= params.end_release)
     rules = steer.repeated_ngram_bans(context, params.no_repeat_ngram) \
         | steer.opening_bans(context, openings)
     return eos | rules if held else rules

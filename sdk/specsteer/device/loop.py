@@ -237,6 +237,7 @@ class _Generation:
             method=method,
             max_new_tokens=self.params.max_new_tokens - done,
             min_new_tokens=max(0, self.params.min_new_tokens - done),
+            end_release_after=max(0, self.params.release_after - done),
         )
         if warm or done:  # the draft made ahead starts right after the prompt
             self._drop_ahead()

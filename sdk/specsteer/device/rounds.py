@@ -45,8 +45,8 @@ def first_draft_key(params: Params) -> tuple[object, ...] | None:
     if params.temperature > 0 or params.method not in MODES:
         return None
     size = budget(params, params.k, 0)  # end-of-text is banned at the positions below:
-    return (size, min(params.min_new_tokens, size), params.end_release, params.no_repeat_ngram,
-            params.meta_openings)
+    return (size, min(params.min_new_tokens, size), min(params.release_after, size),
+            params.end_release, params.no_repeat_ngram, params.meta_openings)
 
 
 def first_draft(local: Track, params: Params, eos: frozenset[int],
