@@ -27,9 +27,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from specsteer_lab.eval.compare import paired_difference
+from specsteer_lab.eval.compare import interval_cell, paired_difference
 from specsteer_lab.eval.harness import RESULTS, RUN_CONFIG, read_results
-from specsteer_lab.quality import Interval
 
 LOOP_NGRAM, LOOP_TIMES = 6, 3
 # settings that name the run rather than the decoding (never a label)
@@ -50,13 +49,6 @@ def labels(configs: Sequence[Mapping[str, Any]]) -> list[str]:
     if not differing:
         return [f"run {index + 1}" for index in range(len(configs))]
     return [", ".join(f"{key}={config.get(key)}" for key in differing) for config in configs]
-
-
-def _cell(interval: Interval | None) -> str:
-    if interval is None:
-        return "–"
-    mark = " *" if interval.excludes_zero else ""
-    return f"{interval.mean:+.2f} [{interval.low:+.2f}, {interval.high:+.2f}]{mark}"
 
 
 def _mean(rows: Sequence[Mapping[str, Any]], key: str, scale: float = 1.0) -> str:
@@ -92,8 +84,8 @@ def main() -> None:
             if index:
                 pair = [{**row, "method": "run"} for row in mine] \
                     + [{**reference[user], "method": "first"} for user in sorted(users)]
-                deltas = [_cell(d.interval if (d := paired_difference(pair, "run", "first", m))
-                                else None) for m in ("rouge1", "rougeL")]
+                deltas = [interval_cell(d.interval if d else None) for d in (
+                    paired_difference(pair, "run", "first", m) for m in ("rouge1", "rougeL"))]
             ratios = [row["length_ratio"] for row in mine if row.get("length_ratio") is not None]
             ratio = f"{statistics.median(ratios):.2f}" if ratios else "–"
             print(f"| {method} | {name} | {len(mine)} | {_mean(mine, 'rouge1', 100)} "

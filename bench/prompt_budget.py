@@ -24,7 +24,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from specsteer_lab.eval.compare import paired_difference
+from specsteer_lab.eval.compare import interval_cell, paired_difference
 from specsteer_lab.eval.harness import RESULTS, RUN_CONFIG, read_results
 from specsteer_lab.quality import Interval, paired_bootstrap
 
@@ -38,13 +38,6 @@ def load_folder(folder: Path) -> tuple[str, int, list[dict[str, Any]]]:
 def _mean(rows: Sequence[Mapping[str, Any]], key: str, scale: float = 1.0) -> str:
     values = [float(row[key]) * scale for row in rows if row.get(key) is not None]
     return f"{statistics.mean(values):.2f}" if values else "–"
-
-
-def _cell(interval: Interval | None) -> str:
-    if interval is None:
-        return "–"
-    mark = " *" if interval.excludes_zero else ""
-    return f"{interval.mean:+.2f} [{interval.low:+.2f}, {interval.high:+.2f}]{mark}"
 
 
 def acceptance_difference(rows: Sequence[Mapping[str, Any]], method: str,
@@ -93,9 +86,9 @@ def main() -> None:
             if not mine:
                 continue
             deltas = ["–", "–", "–"] if budget == largest else [
-                _cell(found.interval if (found := paired_difference(rows, label, top, metric))
-                      else None) for metric in ("rouge1", "rougeL")
-            ] + [_cell(acceptance_difference(rows, label, top))]
+                interval_cell(d.interval if (d := paired_difference(rows, label, top, metric))
+                              else None) for metric in ("rouge1", "rougeL")
+            ] + [interval_cell(acceptance_difference(rows, label, top))]
             print(f"| {method} | {budget} | {len(mine)} | {_mean(mine, 'private_prompt_tokens')} "
                   f"| {_mean(mine, 'rouge1', 100)} | {_mean(mine, 'rougeL', 100)} "
                   f"| {_mean(mine, 'acceptance', 100)} | {_mean(mine, 'prefill_s')} "

@@ -23,6 +23,12 @@ LOCAL_METHODS = ("slm", "slm_rag")
 # an abstract, the Generalist ended 2 of 20 after the title alone (17 and 20 tokens of minimums
 # of 102 and 81) with more than `end_release` on the end (docs/BENCHMARKS.md, "Fourth pass")
 END_RELEASE_FROM = 0.5
+
+
+def release_point(min_new_tokens: int, share: float = END_RELEASE_FROM) -> int:
+    """Output position from which an end-of-text may be released under this minimum."""
+    return math.ceil(share * min_new_tokens)
+
 # "fast" also halves the candidate set: the fused choice ranked within the Generalist's top 32
 # at 416 of 417 measured positions, so the text is nearly always the top-64 one, at ~60 % of
 # the bytes (bench/candidates.py, docs/BENCHMARKS.md)
@@ -125,7 +131,7 @@ class Params:
         """Output position from which `end_release` may let an end-of-text stand."""
         if self.end_release_after is not None:
             return self.end_release_after
-        return math.ceil(END_RELEASE_FROM * self.min_new_tokens)
+        return release_point(self.min_new_tokens)
 
     @property
     def collaborative(self) -> bool:

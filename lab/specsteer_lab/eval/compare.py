@@ -59,6 +59,14 @@ def specsteer_differences(rows: Sequence[Mapping[str, Any]]) -> list[Difference]
     return [difference for difference in found if difference is not None]
 
 
+def interval_cell(interval: Interval | None) -> str:
+    """`+1.00 [-0.48, +2.58]`, with ` *` when the interval excludes 0; `–` for none."""
+    if interval is None:
+        return "–"
+    mark = " *" if interval.excludes_zero else ""
+    return f"{interval.mean:+.2f} [{interval.low:+.2f}, {interval.high:+.2f}]{mark}"
+
+
 def differences_table(differences: Sequence[Difference], names: Mapping[str, str]) -> str:
     """Markdown: one line per (method, baseline), both metrics with their intervals."""
     if not differences:
@@ -69,15 +77,8 @@ def differences_table(differences: Sequence[Difference], names: Mapping[str, str
             difference
     lines = ["| Difference | users | ROUGE-1 (95 % CI) | ROUGE-L (95 % CI) |", "|---|---|---|---|"]
     for (method, baseline), by_metric in pairs.items():
-        cells = []
-        for metric in METRICS:
-            found = by_metric.get(metric)
-            if found is None:
-                cells.append("–")
-                continue
-            i = found.interval
-            mark = " *" if i.excludes_zero else ""
-            cells.append(f"{i.mean:+.2f} [{i.low:+.2f}, {i.high:+.2f}]{mark}")
+        cells = [interval_cell(found.interval if (found := by_metric.get(metric)) else None)
+                 for metric in METRICS]
         n = next(iter(by_metric.values())).interval.n
         lines.append(f"| {names.get(method, method)} − {names.get(baseline, baseline)} | {n} "
                      f"| {cells[0]} | {cells[1]} |")

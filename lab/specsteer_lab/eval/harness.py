@@ -17,7 +17,6 @@ which changes a token).
 from __future__ import annotations
 
 import json
-import math
 import os
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -31,7 +30,7 @@ from specsteer.history.length import LengthPolicy
 from specsteer.history.store import HistoryStore
 from specsteer.link import CompanionLink, FrameChannel
 from specsteer.runtime.base import LanguageModel
-from specsteer.settings import END_RELEASE_FROM, PRESETS
+from specsteer.settings import END_RELEASE_FROM, PRESETS, release_point
 from specsteer.tokenizer import Message
 from specsteer_companion.local import LocalChannel
 from specsteer_companion.verifier import Verifier
@@ -166,7 +165,7 @@ class EvalConfig:
         return Params(method=spec.method, gamma=spec.gamma, alpha=self.alpha, k=self.draft_k,
                       top_k=spec.top_k or self.top_k, max_new_tokens=high, min_new_tokens=low,
                       no_repeat_ngram=self.no_repeat_ngram, end_release=self.end_release,
-                      end_release_after=math.ceil(self.end_release_from * low),
+                      end_release_after=release_point(low, self.end_release_from),
                       meta_openings=Params().meta_openings if self.ban_meta_openings else (),
                       costeer_iterations=self.costeer_iterations, pipeline=self.pipeline,
                       warm_start=False)  # the method's own text: no timing-dependent start
