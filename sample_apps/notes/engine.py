@@ -30,6 +30,8 @@ PRESETS = ("default", "fast", "strict")
 LEAK_GUARDS = ("allow", "redact", "hold")  # Params.leak_guard; the SDK's default is "allow"
 # never repeat an 8-gram of the continuation: greedy decoding otherwise loops on one sentence
 NO_REPEAT_NGRAM = 8
+# how long /api/prepare waits for the prefill before answering "not ready yet"
+PREPARE_WAIT_S = 30.0
 
 
 @dataclass
@@ -167,14 +169,18 @@ class NotesEngine:
 
     def prepare(self, title: str, body: str, note_id: str | None = None) -> dict[str, Any]:
         """Retrieve and prefill the continuation of the note being typed (debounced by the
-        page); the continuation asked for next reuses it. Skipped while one is running."""
+        page); the continuation asked for next reuses it. Skipped while one is running.
+        `ready`: the prefill finished (or was taken over by a continuation or a newer prepare)
+        within PREPARE_WAIT_S."""
         if self._running.locked():
             return {"prefilling": False, "reason": "a continuation is running"}
         request = self._request(title, body, note_id)
         # the device only: the note goes up when the user asks for a continuation, not while
         # they type (the public request holds their draft)
-        self._client().prepare(request.pop("query"), open_session=False, **request)
-        return {"prefilling": True}
+        prepared = self._client().prepare(request.pop("query"), open_session=False, **request)
+        # answered when the prefill is done (the page says "ready" only then) or has run for
+        # PREPARE_WAIT_S; a continuation asked for meanwhile takes the prefill over
+        return {"prefilling": True, "ready": prepared.wait(PREPARE_WAIT_S)}
 
     def continue_note(self, title: str, body: str, note_id: str | None, emit: Emit) -> None:
         """Stream the continuation of the note being written (`body`; `note_id` if it is

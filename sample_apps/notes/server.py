@@ -4,7 +4,8 @@ continuation as server-sent events.
 Routes: `GET /` and `/static/*` (the page, no build step); `GET /api/notes?q=` (list or search),
 `POST /api/notes` (save `{id?, title, body}`), `DELETE /api/notes/ID` (forget);
 `POST /api/prepare` (`{id?, title, body}`: the note in the editor, while the user types: retrieve
-and prefill its continuation), `POST /api/continue` (the same body; the answer is a
+and prefill its continuation; answers `{prefilling, ready}` once the prefill is done),
+`POST /api/continue` (the same body; the answer is a
 text/event-stream of `mode`, `piece`, `done` | `cancelled` | `failed` events), `POST /api/cancel`;
 `GET /api/frames?since=N` (the link audit); `GET /api/status` (the badge); `GET|POST
 /api/settings` (companion URL, token, preset, leak guard). Binds to loopback only: the app

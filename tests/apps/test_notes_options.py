@@ -1,12 +1,13 @@
-"""The notes app's decoding options, on the tiny Specialist (no browser): continuations never
-repeat an n-gram (8 by default) and run under the leak guard the settings chose, whose counts
-come back in the `done` event the privacy panel reads."""
+"""The notes app's engine on the tiny Specialist (no browser): continuations never repeat an
+n-gram (8 by default) and run under the leak guard the settings chose, whose counts come back in
+the `done` event the privacy panel reads; "ready to continue" means the prefill is done."""
 
 from __future__ import annotations
 
 import json
 import sys
 import threading
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -14,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from counting import CountingModel
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "sample_apps" / "notes"))
 
@@ -126,3 +128,25 @@ def test_settings_choose_the_leak_guard_and_refuse_a_bad_one(server) -> None:
     assert engine.settings.leak_guard == "allow"  # a refused change changes nothing
     status, body = _post(f"{url}/api/settings", {"leak_guard": "hold"})
     assert status == 200 and body["leak_guard"] == "hold" == engine.settings.leak_guard
+
+
+class _SlowPrefill(CountingModel):
+    """The tiny Specialist run at a phone's pace: every model pass takes 0.2 s more."""
+
+    def _count(self, n: int) -> None:
+        time.sleep(0.2)
+
+
+def test_prepare_answers_ready_once_the_prefill_is_done(tiny_model) -> None:
+    """The page shows "ready to continue" on `ready`: the continuation asked for then runs no
+    prompt token again (an engine answering before its prefill is done fails here)."""
+    store = HistoryStore(memory=True)
+    ingest_path(store, DATA / "notes.json")
+    slow = _SlowPrefill(tiny_model)
+    engine = NotesEngine(slow, store, Settings(), max_new_tokens=4)
+    started = time.perf_counter()
+    assert engine.prepare(TITLE, BODY) == {"prefilling": True, "ready": True}
+    waited = time.perf_counter() - started
+    _, done = _continue(engine)
+    assert done["prefill_reused"] > 128 and done["prefill_tokens"] == 0, done
+    assert waited >= 0.2 * (done["prefill_reused"] // 128)  # one pass per chunk, all waited for

@@ -2,7 +2,7 @@
 "use strict";
 
 const $ = (id) => document.getElementById(id);
-const state = { notes: [], current: null, stream: null, frames: 0, generating: false, typing: null };
+const state = { notes: [], current: null, stream: null, frames: 0, generating: false, typing: null, prepares: 0 };
 const PREPARE_AFTER_MS = 600; // a pause in typing this long prepares the continuation
 
 // ---------------------------------------------------------------- notes
@@ -30,6 +30,7 @@ async function loadNotes() {
 function openNote(note) {
   discard();
   clearTimeout(state.typing);
+  state.prepares++;
   $("prepared").hidden = true;
   state.current = note;
   $("title").value = note ? note.title : "";
@@ -41,6 +42,7 @@ function openNote(note) {
 
 async function save() {
   $("prepared").hidden = true; // the history changes: prepare again once it is saved
+  state.prepares++;
   const note = await api("/api/notes", {
     method: "POST",
     body: JSON.stringify({ id: state.current && state.current.id, title: $("title").value, body: $("body").value }),
@@ -75,14 +77,18 @@ function startContinuation() {
 
 // While the user types, retrieve and prefill the continuation on the device (debounced), so
 // "Continue in my voice" starts from a prepared prompt.
+// The server answers when the prefill is done: "ready" shows then, for the latest request only
+// (typing on, saving or opening a note starts a newer one, or none).
 function prepare() {
+  const seq = ++state.prepares;
   if (state.generating || !($("title").value || $("body").value)) return;
   api("/api/prepare", { method: "POST", body: JSON.stringify(noteRequest()) })
-    .then((r) => { $("prepared").hidden = !r.prefilling; })
+    .then((r) => { if (seq === state.prepares && !state.generating) $("prepared").hidden = !r.ready; })
     .catch(() => {}); // only a head start: the continuation works without it
 }
 
 function typed() {
+  state.prepares++; // an answer still on its way is for text that changed
   clearTimeout(state.typing);
   $("prepared").hidden = true;
   state.typing = setTimeout(prepare, PREPARE_AFTER_MS);
