@@ -246,7 +246,7 @@ class Client:
         """
         prompt, device_prompt = self.render(query, task=task, before=before, prefix=prefix,
                                             exclude=exclude)
-        options = self._fit_length(_settings(preset, settings, params), prompt, user_length)
+        options = self._fit_user(_settings(preset, settings, params), prompt, user_length)
         key = first_draft_key(options) if self.companion is not None else None
         tokenizer = self.specialist.tokenizer
         openings = opening_ids(tokenizer, options.meta_openings)
@@ -266,9 +266,11 @@ class Client:
         self._kept.close()
         self._sessions.close()
 
-    def _fit_length(self, settings: Params, prompt: Prompt, user_length: bool) -> Params:
-        """With `user_length`, the user's usual length for the task within the request's
-        budget; a draft being continued already holds part of it (its tokens count)."""
+    def _fit_user(self, settings: Params, prompt: Prompt, user_length: bool) -> Params:
+        """`settings` for this user, decided on the device: the assistant openings their texts
+        never use are banned (`Params.for_user`); with `user_length`, their usual length for
+        the task within the request's budget (a draft being continued holds part of it)."""
+        settings = settings.for_user([*(text for _, text in prompt.examples), prompt.prefix])
         if not user_length or prompt.length is None:
             return settings
         low, high = prompt.length.clamp(settings.max_new_tokens)
@@ -352,7 +354,7 @@ class Client:
         started = time.perf_counter()
         prompt, device_prompt = self.render(query, task=task, before=before, prefix=prefix,
                                             exclude=exclude)
-        settings = self._fit_length(settings, prompt, user_length)
+        settings = self._fit_user(settings, prompt, user_length)
         retrieval_s = time.perf_counter() - started
         link_stats = LinkStats()
         # the session `prepare` is opening, first: a prefill it started goes on meanwhile

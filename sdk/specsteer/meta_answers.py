@@ -7,11 +7,17 @@ The decoder bans the token that would complete one of these phrases at the start
 (`steer.opening_bans`), so the model writes the text itself; measured on 20 newsgroup senders
 (docs/BENCHMARKS.md). The phrases are English; an app writing in another language passes its
 own as `Params.meta_openings`, `()` turns the rule off.
+
+Assistant openings are the chat model's voice rather than the user's: "I'm glad you found the
+thread helpful!", "I hope this post finds you well.", "Dear [Recipient's Name]", "Here's the
+follow-up post:". Some people do write some of them, so each is banned only for a user whose
+own retrieved texts never use it (`unused_openings`; `Params.for_user`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import re
+from collections.abc import Iterable, Sequence
 from typing import Protocol
 
 META_OPENINGS: tuple[str, ...] = (
@@ -24,6 +30,40 @@ META_OPENINGS: tuple[str, ...] = (
     "I don't have the ability", "I don't have personal", "Could you please provide",
     "Could you provide", "Please provide",
 )
+
+
+ASSISTANT_OPENINGS: tuple[str, ...] = (
+    # whole phrases, not their first words: banning "I'm glad", "I hope this" and "Subject"
+    # pushed the models to worse openings ("I'm here, and I'm ready to help you", "I hope you
+    # found the information helpful. As an AI language model …"): SpecSteer −2.78 ROUGE-1 on
+    # 20 newsgroup senders, against −1.28 (not significant) for this list (docs/BENCHMARKS.md)
+    "I'm glad you", "I am glad you", "I'm so glad you",
+    "I'm not sure what you", "I'm not sure if you", "I am not sure what you",
+    "I'm not sure if I", "I'm here to help", "I'm happy to help",
+    "I hope this message finds", "I hope this email finds", "I hope this post finds",
+    "I hope this note finds", "I hope this finds", "I hope you're doing", "I hope you are doing",
+    "I hope you're having", "I hope all is well", "I wanted to take a moment",
+    "Thank you for reaching out", "Thank you for sharing", "Thanks for sharing",
+    "Dear [", "Subject:", "Here's the", "Here is the", "Here's a", "Here is a",
+    "I'm writing this", "I'm writing to", "I am writing to",
+)
+
+
+def unused_openings(phrases: Sequence[str], texts: Iterable[str]) -> tuple[str, ...]:
+    """The phrases that none of `texts` (the user's own) contains as words, case and
+    apostrophe style as written ("Sure" is not found in "not sure")."""
+    written = "\n".join(texts).replace("\u2019", "'")
+    return tuple(p for p in phrases if not re.search(_as_words(p), written))
+
+
+def _as_words(phrase: str) -> str:
+    """A pattern for `phrase` not inside a longer word (at the ends that are word characters)."""
+    pattern = re.escape(phrase.replace("\u2019", "'"))
+    if phrase[:1].isalnum():
+        pattern = r"(?<!\w)" + pattern
+    if phrase[-1:].isalnum():
+        pattern += r"(?!\w)"
+    return pattern
 
 
 class _Encoder(Protocol):

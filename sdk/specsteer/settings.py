@@ -8,9 +8,10 @@ companion needs crosses the wire as `protocol.SessionSettings`, built here by
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
 
-from specsteer.meta_answers import META_OPENINGS
+from specsteer.meta_answers import ASSISTANT_OPENINGS, META_OPENINGS, unused_openings
 from specsteer.protocol import Mode, SessionSettings
 from specsteer.steer import SELECTS
 
@@ -70,6 +71,10 @@ class Params:
     # phrases the output may not open with: meta answers ("I'm sorry, but I can't assist …";
     # `meta_answers`); device-only; () turns the rule off
     meta_openings: tuple[str, ...] = META_OPENINGS
+    # ...and the assistant's openings ("I'm glad you found …", "I hope this post finds you
+    # well"), but only those the user's own retrieved texts never use: `for_user` adds them to
+    # meta_openings (`Client` does, on the device, for every method); () turns it off
+    assistant_openings: tuple[str, ...] = ASSISTANT_OPENINGS
     seed: int = _WIRE.seed
     select: str = _WIRE.select  # or "difference" (METHOD.md: worse; kept to report it)
     # where P_S0 is computed: None = the companion when it hosts the generic Specialist, else the
@@ -111,13 +116,24 @@ class Params:
             raise ValueError("end_release must be in (0, 1]")
         if self.end_release_after is not None and self.end_release_after < 0:
             raise ValueError("end_release_after must be None or >= 0")
-        if not isinstance(self.meta_openings, tuple) \
-                or not all(isinstance(p, str) and p for p in self.meta_openings):
-            raise ValueError("meta_openings must be a tuple of non-empty strings")
+        for name in ("meta_openings", "assistant_openings"):
+            phrases = getattr(self, name)
+            if not isinstance(phrases, tuple) or not all(isinstance(p, str) and p for p in phrases):
+                raise ValueError(f"{name} must be a tuple of non-empty strings")
         if self.no_repeat_ngram < 0 or self.no_repeat_ngram == 1:
             raise ValueError("no_repeat_ngram must be 0 (off) or at least 2")
         if self.adaptive_k and not 1 <= self.k <= self.k_max:
             raise ValueError("adaptive_k needs 1 <= k <= k_max")
+
+    def for_user(self, texts: Iterable[str]) -> Params:
+        """These settings for a user whose own texts (the retrieved examples) are `texts`: the
+        assistant openings they never write join the banned openings."""
+        if not self.assistant_openings:
+            return self
+        unused = unused_openings(self.assistant_openings, texts)
+        return replace(self, meta_openings=self.meta_openings
+                       + tuple(p for p in unused if p not in self.meta_openings),
+                       assistant_openings=())
 
     @classmethod
     def preset(cls, name: str | None = None, **overrides: object) -> Params:

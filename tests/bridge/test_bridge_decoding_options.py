@@ -90,12 +90,12 @@ def test_generate_passes_the_options_to_the_client(tiny_model, options) -> None:
     bridge.close()
 
 
-def test_meta_openings_and_end_release_reach_the_decoder(spawn, tiny_model) -> None:
+def test_openings_and_end_release_reach_the_decoder(spawn, tiny_model) -> None:
     """An app writing in another language gives its own meta-answer openings: the text the tiny
     Specialist opens with, declared one, is not written; [] turns the rule off."""
     tok = tiny_model.tokenizer
     plain = Client(tiny_model).generate(QUERY["query"], task="note", max_new_tokens=12,
-                                        meta_openings=())
+                                        meta_openings=(), assistant_openings=())
     # an opening the tokenizer writes as the text's own first ids (decode does not always
     # round-trip on the tiny tokenizer, so take the first length that does)
     phrase = next(tok.decode(plain.tokens[:n]) for n in range(2, 8)
@@ -106,10 +106,16 @@ def test_meta_openings_and_end_release_reach_the_decoder(spawn, tiny_model) -> N
     assert_valid("prepare", "params", params)
     text = bridge.call("generate", params)["result"]["text"]
     assert not text.startswith(phrase.strip())
-    off = bridge.call("generate", {**QUERY, "max_new_tokens": 12, "meta_openings": []})
+    off = bridge.call("generate", {**QUERY, "max_new_tokens": 12, "meta_openings": [],
+                                   "assistant_openings": []})
     assert off["result"]["text"] == plain.text
+    # as an assistant opening: banned too, since this user's history (none) never uses it
+    assistant = {**QUERY, "max_new_tokens": 12, "meta_openings": [], "assistant_openings": [phrase]}
+    assert_valid("generate", "params", assistant)
+    assert not bridge.call("generate", assistant)["result"]["text"].startswith(phrase.strip())
     for bad in ({"end_release": 0}, {"end_release": 1.5}, {"meta_openings": [""]},
-                {"meta_openings": "I'm sorry"}):
+                {"meta_openings": "I'm sorry"}, {"assistant_openings": [""]},
+                {"assistant_openings": "Here's the"}):
         answer = bridge.call("generate", {**QUERY, **bad})
         assert answer["error"]["code"] == errors.INVALID_PARAMS, bad
     assert bridge.close() == 0

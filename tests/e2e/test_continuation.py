@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from declared import StopsAt, WithTokenizer
 from privacy_audit import assert_canary_not_sent
-from test_min_length import _Model, _StopsAt
 
 from specsteer import protocol
 from specsteer.client import Client
@@ -125,7 +125,7 @@ def test_the_users_length_counts_the_draft(tiny_model, tiny_generalist, store) -
     free = _client(tiny_model, tiny_generalist, store).generate(
         TITLE, task="note", prefix=long_draft, method="slm_rag", temperature=0.0,
         max_new_tokens=12, user_length=False)
-    stopper = _Model(tiny_model, _StopsAt(tiny_model.tokenizer, free.tokens[2]))
+    stopper = WithTokenizer(tiny_model, StopsAt(tiny_model.tokenizer, free.tokens[2]))
     first = free.tokens.index(free.tokens[2])
     client = _client(stopper, tiny_generalist, store)
     cont = client.generate(TITLE, task="note", prefix=long_draft, method="slm_rag",

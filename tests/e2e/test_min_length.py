@@ -12,6 +12,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 import pytest
+from declared import StopsAt, WithTokenizer, Writes
 
 from specsteer.device import METHODS, DevicePrompt, Params, decode
 from specsteer.link import CompanionLink
@@ -22,40 +23,13 @@ PRIVATE = "Earlier notes: the budget stays flat; revised draft by Friday.\nWrite
 PUBLIC = "Write a budget note."
 
 
-@dataclass
-class _StopsAt:
-    """The same tokenizer with `extra` also treated as end-of-text."""
-
-    base: object
-    extra: int
-
-    @property
-    def eos_ids(self) -> frozenset[int]:
-        return frozenset({*self.base.eos_ids, self.extra})
-
-    def __getattr__(self, name: str):
-        return getattr(self.base, name)
-
-
-@dataclass
-class _Model:
-    """A real model whose tokenizer stops at one more id."""
-
-    base: object
-    tokenizer: _StopsAt
-
-    def __getattr__(self, name: str):
-        return getattr(self.base, name)
-
-
 def _run(specialist, generalist, params: Params) -> list[int]:
     tok = specialist.tokenizer
     prompt = DevicePrompt(tok.encode(PRIVATE), tok.encode(PUBLIC))
     link = None
     if params.collaborative:
-        link = CompanionLink(LocalChannel.for_verifier(Verifier(generalist, specialist.base
-                                                                if isinstance(specialist, _Model)
-                                                                else specialist)))
+        real = specialist.base if isinstance(specialist, WithTokenizer) else specialist
+        link = CompanionLink(LocalChannel.for_verifier(Verifier(generalist, real)))
         link.hello()
     tokens = [e.token for e in decode(specialist, prompt, params, link)]
     if link is not None:
@@ -69,7 +43,7 @@ def test_no_end_of_text_before_the_minimum(tiny_model, tiny_generalist, method, 
     free = _run(tiny_model, tiny_generalist, Params(method=method, max_new_tokens=30,
                                                     pipeline=pipeline))
     stop = free[2]  # a token the method writes early: declare it an end-of-text id
-    stopping = _Model(tiny_model, _StopsAt(tiny_model.tokenizer, stop))
+    stopping = WithTokenizer(tiny_model, StopsAt(tiny_model.tokenizer, stop))
     short = _run(stopping, tiny_generalist, Params(method=method, max_new_tokens=30,
                                                    pipeline=pipeline))
     assert short[-1] == stop and len(short) <= 3  # without a minimum it stops right there
@@ -89,7 +63,7 @@ def test_an_end_the_deciding_model_is_sure_of_is_let_through(tiny_model, tiny_ge
     free = _run(tiny_model, tiny_generalist, Params(method=method, max_new_tokens=30,
                                                     pipeline=pipeline))
     stop = free[2]
-    stopping = _Model(tiny_model, _StopsAt(tiny_model.tokenizer, stop))
+    stopping = WithTokenizer(tiny_model, StopsAt(tiny_model.tokenizer, stop))
 
     def under(release: float) -> list[int]:
         return _run(stopping, tiny_generalist, Params(
@@ -107,7 +81,7 @@ def test_an_end_before_half_the_minimum_is_held_however_sure(tiny_model, tiny_ge
     # of 4 (released from position 2 on) but not under one of 20 (from position 10 on)
     free = _run(tiny_model, tiny_generalist, Params(method=method, max_new_tokens=30))
     stop = free[2]
-    stopping = _Model(tiny_model, _StopsAt(tiny_model.tokenizer, stop))
+    stopping = WithTokenizer(tiny_model, StopsAt(tiny_model.tokenizer, stop))
 
     def under(minimum: int) -> list[int]:
         return _run(stopping, tiny_generalist, Params(
@@ -149,7 +123,7 @@ def test_drafts_hold_back_end_of_text_too(tiny_model, tiny_generalist, pipeline)
     params = Params(gamma=0.0, max_new_tokens=30, pipeline=pipeline)
     free = _run(tiny_model, tiny_generalist, params)
     stop = free[1]
-    stopping = _Model(tiny_model, _StopsAt(tiny_model.tokenizer, stop))
+    stopping = WithTokenizer(tiny_model, StopsAt(tiny_model.tokenizer, stop))
     assert len(_run(stopping, tiny_generalist, params)) <= 2
     held = _run(stopping, tiny_generalist, Params(gamma=0.0, max_new_tokens=30,
                                                   min_new_tokens=20, end_release=1.0,
@@ -172,7 +146,7 @@ def test_client_writes_at_the_users_usual_length(tiny_model, tiny_generalist):
                       companion=lambda: LocalChannel.for_verifier(verifier))
 
     probe = client(tiny_model).generate("Budget note", max_new_tokens=60, user_length=False)
-    stopping = _Model(tiny_model, _StopsAt(tiny_model.tokenizer, probe.tokens[2]))
+    stopping = WithTokenizer(tiny_model, StopsAt(tiny_model.tokenizer, probe.tokens[2]))
     request_only = client(stopping).generate("Budget note", max_new_tokens=200, user_length=False)
     assert len(request_only.tokens) <= 2  # stopped at the declared end-of-text
     usual = client(stopping).generate("Budget note", max_new_tokens=200)
@@ -267,22 +241,6 @@ def test_no_repeat_ngram_holds_in_draft_verify_recover_rounds(tiny_model, tiny_g
     assert not _repeats(guarded, 2)
 
 
-@dataclass
-class _Writes:
-    """The same tokenizer, which writes the phrase `text` as `ids` (the tiny tokenizer's
-    decode does not round-trip, so the test names the ids of an opening directly)."""
-
-    base: object
-    text: str
-    ids: list[int]
-
-    def encode(self, text: str, **kwargs) -> list[int]:
-        return list(self.ids) if text == self.text else self.base.encode(text, **kwargs)
-
-    def __getattr__(self, name: str):
-        return getattr(self.base, name)
-
-
 @pytest.mark.parametrize("method", METHODS)
 @pytest.mark.parametrize("pipeline", [True, False])
 def test_no_method_opens_with_a_meta_answer(tiny_model, tiny_generalist, method, pipeline):
@@ -290,7 +248,7 @@ def test_no_method_opens_with_a_meta_answer(tiny_model, tiny_generalist, method,
     # phrase's last token is banned (the same first tokens may still open the text)
     free = _run(tiny_model, tiny_generalist, Params(method=method, max_new_tokens=12,
                                                     pipeline=pipeline, meta_openings=()))
-    model = _Model(tiny_model, _Writes(tiny_model.tokenizer, "As an AI", free[:3]))
+    model = WithTokenizer(tiny_model, Writes(tiny_model.tokenizer, "As an AI", free[:3]))
     steered = _run(model, tiny_generalist, Params(
         method=method, max_new_tokens=12, pipeline=pipeline, meta_openings=("As an AI",)))
     assert steered[:2] == free[:2] and steered[2] != free[2]

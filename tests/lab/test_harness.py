@@ -167,15 +167,23 @@ def test_no_repeat_rule_reaches_every_method():
 
 
 def test_end_release_and_meta_openings_reach_every_method():
+    from specsteer.meta_answers import ASSISTANT_OPENINGS, META_OPENINGS
     from specsteer.settings import Params
     from specsteer_lab.eval.data import EvalError
 
     default = EvalConfig(task="email")
-    old = EvalConfig(task="email", end_release=1.0, ban_meta_openings=False)
+    old = EvalConfig(task="email", end_release=1.0, ban_meta_openings=False,
+                     ban_assistant_openings=False)
+    meta_only = EvalConfig(task="email", ban_assistant_openings=False)
+    theirs = ["Here's the thing: I hope you're doing fine."]  # the user's retrieved texts
     for name in ("slm_rag", "llm", "specsteer@0.5", "specsteer:fast"):
         spec = parse_method(name)
         assert default.params(spec).end_release == Params().end_release
-        assert default.params(spec).meta_openings == Params().meta_openings != ()
+        assert default.params(spec).meta_openings == META_OPENINGS + ASSISTANT_OPENINGS
+        fitted = default.params(spec, None, theirs).meta_openings
+        assert fitted == META_OPENINGS + tuple(
+            p for p in ASSISTANT_OPENINGS if p not in ("Here's the", "I hope you're doing"))
+        assert meta_only.params(spec).meta_openings == META_OPENINGS
         assert (old.params(spec).end_release, old.params(spec).meta_openings) == (1.0, ())
     with pytest.raises(EvalError, match="end_release"):  # before any model loads
         EvalConfig(task="email", end_release=0.0)
@@ -355,6 +363,9 @@ def test_every_method_gets_the_users_length_bounds(tiny_model, tiny_generalist, 
     prepared = harness.prepare(reviews[0])
     assert prepared.length is not None
     low, high = prepared.length.clamp(40)
+    # the user's own retrieved texts, which exempt the assistant openings they write
+    bodies = "\n".join(record.body for record in reviews[0].records)
+    assert prepared.user_texts and all(text[:40] in bodies for text in prepared.user_texts)
     assert 0 < low <= high <= 40
     rows = list(run_eval(harness, reviews[:2], parse_methods(["slm_rag", "llm",
                                                                "specsteer@0.5"]),

@@ -83,6 +83,9 @@ def eval_command(
     ban_meta_openings: Annotated[bool, typer.Option(
         help="No method may open its text with a meta answer (\"I'm sorry, but I can't …\"; "
              "the SDK's Params.meta_openings).")] = True,
+    ban_assistant_openings: Annotated[bool, typer.Option(
+        help="...nor with an assistant's opening (\"I'm glad you found …\") that the user's "
+             "retrieved texts never use (the SDK's Params.assistant_openings).")] = True,
     alpha: Annotated[float, typer.Option(help="Steering strength of the private term.")] = 1.0,
     threads: Annotated[int, typer.Option(min=1, help="ONNX Runtime threads per model.")] = 1,
     pipeline: Annotated[bool, typer.Option(
@@ -109,6 +112,7 @@ def eval_command(
                             rtt_ms=rtt_ms, max_prompt_tokens=max_prompt_tokens, draft_k=draft_k,
                             min_example_tokens=min_example_tokens, user_length=user_length,
                             alpha=alpha, pipeline=pipeline, ban_meta_openings=ban_meta_openings,
+                            ban_assistant_openings=ban_assistant_openings,
                             **({} if no_repeat_ngram is None
                                else {"no_repeat_ngram": no_repeat_ngram}),
                             **({} if end_release is None else {"end_release": end_release}),

@@ -137,6 +137,9 @@ class EvalConfig:
     # The output may not open with a meta answer ("I'm sorry, but I can't …":
     # `Params.meta_openings`), the same for every method.
     ban_meta_openings: bool = True
+    # ...nor with an assistant's opening the user's retrieved texts never use ("I'm glad you
+    # found …": `Params.assistant_openings`, `Params.for_user`), the same for every method.
+    ban_assistant_openings: bool = True
     # Drafting the next round while the companion verifies only pays when the two run at the
     # same time; the in-process companion runs in between, so here it would only add the lost
     # bets' drafting to SpecSteer's and speculative decoding's time. Output is the same.
@@ -160,15 +163,21 @@ class EvalConfig:
             return 0, self.max_new_tokens
         return length.clamp(self.max_new_tokens)
 
-    def params(self, spec: MethodSpec, length: LengthPolicy | None = None) -> Params:
+    def params(self, spec: MethodSpec, length: LengthPolicy | None = None,
+               user_texts: Sequence[str] = ()) -> Params:
+        """`spec`'s settings for a user with this length policy whose retrieved texts are
+        `user_texts` (as `Client` fits them on the device)."""
         low, high = self.bounds(length)
         return Params(method=spec.method, gamma=spec.gamma, alpha=self.alpha, k=self.draft_k,
                       top_k=spec.top_k or self.top_k, max_new_tokens=high, min_new_tokens=low,
                       no_repeat_ngram=self.no_repeat_ngram, end_release=self.end_release,
                       end_release_after=release_point(low, self.end_release_from),
                       meta_openings=Params().meta_openings if self.ban_meta_openings else (),
+                      assistant_openings=(Params().assistant_openings
+                                          if self.ban_assistant_openings else ()),
                       costeer_iterations=self.costeer_iterations, pipeline=self.pipeline,
-                      warm_start=False)  # the method's own text: no timing-dependent start
+                      warm_start=False  # the method's own text: no timing-dependent start
+                      ).for_user(user_texts)
 
 
 class MeteredChannel:
@@ -213,6 +222,7 @@ class Prepared:
     records: tuple[str, ...]
     truncated: tuple[str, ...]
     length: LengthPolicy | None = None  # the user's length policy from the retrieved records
+    user_texts: tuple[str, ...] = ()  # the user's own texts among them (the examples' answers)
 
 
 class Harness:
@@ -252,7 +262,8 @@ class Harness:
             return tokenizer.chat_ids(chat)
 
         return Prepared(DevicePrompt(private_ids=ids(True), public_ids=ids(False)),
-                        prompt.records, prompt.truncated, prompt.length)
+                        prompt.records, prompt.truncated, prompt.length,
+                        tuple(text for _, text in prompt.examples))
 
     def _link(self) -> tuple[CompanionLink, MeteredChannel]:
         channel = MeteredChannel(LocalChannel.for_verifier(self.verifier), self.config.rtt_ms)
@@ -265,7 +276,7 @@ class Harness:
             voices: Voices | None = None) -> dict[str, Any]:
         """One generation of `spec` on `example`, measured; returns a results row (with the
         length ratio and style similarity when `voices` of the run's users are given)."""
-        params = self.config.params(spec, prepared.length)
+        params = self.config.params(spec, prepared.length, prepared.user_texts)
         prompt = prepared.device
         if spec.method == "llm":  # the baseline never uses c; keep the device's shadow work small
             prompt = DevicePrompt(private_ids=prompt.public_ids, public_ids=prompt.public_ids)

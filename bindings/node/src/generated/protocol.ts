@@ -176,6 +176,12 @@ export interface DecodingOptions {
    * @maxItems 64
    */
   meta_openings?: string[];
+  /**
+   * phrases of an assistant's voice the text may not open with unless the user's own retrieved texts use them ("I'm glad you found …", "I hope this post finds you well"); decided on the device; default: the SDK's English list (specsteer.meta_answers.ASSISTANT_OPENINGS); [] turns the rule off
+   *
+   * @maxItems 64
+   */
+  assistant_openings?: string[];
 }
 export interface GenerateResult {
   text: string;
