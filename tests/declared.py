@@ -7,42 +7,40 @@ from dataclasses import dataclass
 
 
 @dataclass
-class Writes:
+class _Through:
+    """Everything not overridden is the wrapped object's own."""
+
+    base: object
+
+    def __getattr__(self, name: str):
+        return getattr(self.base, name)
+
+
+@dataclass
+class Writes(_Through):
     """The same tokenizer, which writes the phrase `text` as `ids` (the tiny tokenizer's
     decode does not round-trip, so a test names the ids of an opening directly)."""
 
-    base: object
     text: str
     ids: list[int]
 
     def encode(self, text: str, **kwargs) -> list[int]:
         return list(self.ids) if text == self.text else self.base.encode(text, **kwargs)
 
-    def __getattr__(self, name: str):
-        return getattr(self.base, name)
-
 
 @dataclass
-class StopsAt:
+class StopsAt(_Through):
     """The same tokenizer with `extra` also treated as end-of-text."""
 
-    base: object
     extra: int
 
     @property
     def eos_ids(self) -> frozenset[int]:
         return frozenset({*self.base.eos_ids, self.extra})
 
-    def __getattr__(self, name: str):
-        return getattr(self.base, name)
-
 
 @dataclass
-class WithTokenizer:
-    """A real model read through another tokenizer (`Writes`, or one that stops elsewhere)."""
+class WithTokenizer(_Through):
+    """A real model read through another tokenizer (`Writes`, `StopsAt`)."""
 
-    base: object
     tokenizer: object
-
-    def __getattr__(self, name: str):
-        return getattr(self.base, name)
