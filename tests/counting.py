@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 
 
@@ -52,3 +53,15 @@ class CountingModel:
     def new_session(self, max_length: int | None = None) -> CountingSession:
         return CountingSession(self.inner.new_session(max_length=max_length),
                                on_append=self._count)
+
+
+class SlowModel(CountingModel):
+    """A loaded model run at a phone's pace: every pass takes `delay_s` more."""
+
+    def __init__(self, model, delay_s: float = 0.2) -> None:
+        super().__init__(model)
+        self.delay_s = delay_s
+
+    def _count(self, n: int) -> None:
+        super()._count(n)
+        time.sleep(self.delay_s)

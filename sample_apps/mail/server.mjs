@@ -159,6 +159,8 @@ function draftRequest(composer) {
 
 // The decoding options of a draft, sent with prepare too: the first round's draft that
 // prepare makes ahead is kept only for a generate with the same draft settings.
+const PREPARE_WAIT_S = 30; // how long /api/prepare waits for the prefill before answering
+
 function draftOptions() {
   return { preset: settings.preset, max_new_tokens: maxNewTokens, no_repeat_ngram: NO_REPEAT_NGRAM,
            leak_guard: settings.leak_guard };
@@ -168,7 +170,9 @@ async function prepare(composer) {
   // debounced by the page while the user types; the next draft reuses the prefilled prompt
   if (state.generation) return { prefilling: false, reason: "a draft is being written" };
   // the device only: the draft goes up when the user asks for help, not while they type
-  return state.client.prepare({ ...draftRequest(composer), ...draftOptions(), open_session: false });
+  // answered once the prefill is done (at most 30 s): the page shows "ready to draft" then
+  return state.client.prepare({ ...draftRequest(composer), ...draftOptions(), open_session: false,
+                                wait_s: PREPARE_WAIT_S });
 }
 
 async function draft(res, composer) {

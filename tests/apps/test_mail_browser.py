@@ -168,8 +168,7 @@ def test_a_draft_prepared_while_typing_starts_from_the_draft_made_ahead(browser,
     page.click("#messages li >> text=Frost on plot 14")
     page.click("#reply")
     page.fill("#c-body", DRAFT)
-    page.wait_for_selector("#prepared:visible")
-    page.wait_for_timeout(1500)  # prepare answers at once; the tiny model drafts in milliseconds
+    page.wait_for_selector("#prepared:visible")  # shown once the prefill and the draft are made
     page.click("#draft")
     page.wait_for_selector("#draft:enabled", timeout=60000)
     done = page.inner_text("#suggestion-state")

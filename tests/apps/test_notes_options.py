@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from counting import CountingModel
+from counting import SlowModel
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "sample_apps" / "notes"))
 
@@ -130,19 +130,12 @@ def test_settings_choose_the_leak_guard_and_refuse_a_bad_one(server) -> None:
     assert status == 200 and body["leak_guard"] == "hold" == engine.settings.leak_guard
 
 
-class _SlowPrefill(CountingModel):
-    """The tiny Specialist run at a phone's pace: every model pass takes 0.2 s more."""
-
-    def _count(self, n: int) -> None:
-        time.sleep(0.2)
-
-
 def test_prepare_answers_ready_once_the_prefill_is_done(tiny_model) -> None:
     """The page shows "ready to continue" on `ready`: the continuation asked for then runs no
     prompt token again (an engine answering before its prefill is done fails here)."""
     store = HistoryStore(memory=True)
     ingest_path(store, DATA / "notes.json")
-    slow = _SlowPrefill(tiny_model)
+    slow = SlowModel(tiny_model, delay_s=0.2)
     engine = NotesEngine(slow, store, Settings(), max_new_tokens=4)
     started = time.perf_counter()
     assert engine.prepare(TITLE, BODY) == {"prefilling": True, "ready": True}

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 
 import pytest
 from bridge_process import assert_valid
@@ -21,9 +20,9 @@ QUERY = {"query": "Budget for the next quarter", "task": "email"}
 # what the sample apps send: a preset (other session settings: gamma, top_k) and a device-only
 # rule that the first round's draft depends on (another draft key)
 OPTIONS = {"preset": "fast", "no_repeat_ngram": 8, "max_new_tokens": 16}
-# prepare answers at once; the tiny Specialist's prefill and first draft take milliseconds,
-# but a draft still being made when generate takes the track is dropped, not waited for
-SETTLE_S = 1.5
+# prepare is answered once its prefill and first draft are made (a draft still being made when
+# generate takes the track is dropped, not waited for)
+WAIT = {"wait_s": 30}
 
 
 def _frames(bridge) -> list[dict]:
@@ -36,8 +35,8 @@ def test_prepare_with_the_generate_options_makes_the_draft_and_session_ahead(
     bridge.call("history.add", {"kind": "email", "title": "Budget", "body": "Dear team, ..."})
     params = {**QUERY, **OPTIONS}
     assert_valid("prepare", "params", params)
-    assert bridge.call("prepare", params)["result"] == {"task": "email", "prefilling": True}
-    time.sleep(SETTLE_S)
+    assert bridge.call("prepare", {**params, **WAIT})["result"] == {
+        "task": "email", "prefilling": True, "ready": True}
     result = bridge.call("generate", {**params, "offline": "fail"})["result"]
     stats = result["stats"]
     assert not stats["degraded"] and stats["prefill_reused"] > 0
@@ -55,8 +54,7 @@ def test_a_local_method_prepared_opens_no_companion_session(spawn, companion_url
     by prepare nor by the generate (a session opened ahead would have gone up meanwhile)."""
     bridge = spawn("--companion", companion_url, "--audit-frames")
     local = {**QUERY, "method": "slm_rag", "max_new_tokens": 8}
-    bridge.call("prepare", local)
-    time.sleep(SETTLE_S)
+    assert bridge.call("prepare", {**local, **WAIT})["result"]["ready"]
     result = bridge.call("generate", local)["result"]
     assert result["text"] and set(result["provenance"]) == {"local"}
     assert result["stats"]["bytes_up"] == 0 and _frames(bridge) == []
@@ -123,7 +121,8 @@ def test_the_options_are_defined_once() -> None:
     request = set(common["$defs"]["request"]["properties"])
     assert declared_members("generate") - request - set(DECODING_OPTIONS) \
         == {"stop", "offline", "min_token_ms"}
-    assert declared_members("prepare") - request - set(DECODING_OPTIONS) == {"open_session"}
+    assert declared_members("prepare") - request - set(DECODING_OPTIONS) \
+        == {"open_session", "wait_s"}
 
 
 
@@ -137,7 +136,7 @@ def test_closing_the_bridge_stops_what_prepare_runs(tiny_model) -> None:
     draft = " ".join(f"line {n} of the draft, still being typed;" for n in range(150))
     bridge.call(1, "prepare", {**QUERY, "prefix": draft, **OPTIONS},
                 lambda result, error: answers.append((result, error)))
-    assert answers == [({"task": "email", "prefilling": True}, None)]
+    assert answers == [({"task": "email", "prefilling": True, "ready": False}, None)]
     assert client._kept._kept  # the prepared track, prefilling
     bridge.close()
     assert not client._kept._kept

@@ -40,15 +40,14 @@ test("generate streams pieces with provenance; complete, history, prepare", asyn
       max_new_tokens: 32, offline: "fail" });
     assert.equal(again.text, result.text); // greedy: same request, same text
 
-    assert.deepEqual(await client.prepare({ query: "Budget for the next quarter" }),
-      { task: "email", prefilling: true });
+    assert.deepEqual(await client.prepare({ query: "Budget for the next quarter", wait_s: 30 }),
+      { task: "email", prefilling: true, ready: true }); // answered once the prefill is done
     await assert.rejects(client.prepare({}),
       (e) => e instanceof BridgeError && e.code === ErrorCodes.INVALID_PARAMS);
     // prepared with the options of the generate that follows: its session and first draft
-    // are used (prepare answers at once; the tiny model's prefill and draft take milliseconds)
+    // are used (wait_s: prepare answers once they are made)
     const options = { preset: "fast", no_repeat_ngram: 8, max_new_tokens: 16 };
-    await client.prepare({ query: "Budget for the next quarter", ...options });
-    await new Promise((resolve) => setTimeout(resolve, 1500));
+    assert.ok((await client.prepare({ query: "Budget for the next quarter", ...options, wait_s: 30 })).ready);
     const prepared = await client.complete({ query: "Budget for the next quarter", ...options,
       offline: "fail" });
     assert.ok(prepared.stats.session_reused && prepared.stats.drafted_ahead > 0, prepared.stats);

@@ -3,7 +3,7 @@
 
 const $ = (id) => document.getElementById(id);
 const state = { folder: "inbox", inbox: [], sent: [], current: null, replyTo: null,
-                stream: null, generating: false, frames: 0, typing: null };
+                stream: null, generating: false, frames: 0, typing: null, prepares: 0 };
 const PREPARE_AFTER_MS = 600; // a pause in typing this long prepares the draft
 
 const short = (from) => (from || "").replace(/\s*<.*>\s*$/, "") || from;
@@ -100,14 +100,16 @@ function startDraft() {
   startSuggestion("/api/draft", composerRequest(), state, "draft", discard, finish);
 }
 
-// While the user types, retrieve and prefill the draft on the device (debounced).
+// While the user types, retrieve and prefill the draft on the device (debounced). The server
+// answers when the prefill is done: "ready" shows then, for the latest request only.
 function typed() {
   clearTimeout(state.typing);
   $("prepared").hidden = true;
+  const seq = ++state.prepares; // an answer still on its way is for text that changed
   state.typing = setTimeout(() => {
     if (state.generating) return;
     api("/api/prepare", { method: "POST", body: JSON.stringify(composerRequest()) })
-      .then((r) => { $("prepared").hidden = !r.prefilling; })
+      .then((r) => { if (seq === state.prepares && !state.generating) $("prepared").hidden = !r.ready; })
       .catch(() => {}); // only a head start: drafting works without it
   }, PREPARE_AFTER_MS);
 }

@@ -30,7 +30,7 @@ from specsteer.bridge.errors import (
     from_exception,
 )
 from specsteer.bridge.schemas import PROTOCOL_VERSION, check_params
-from specsteer.client import Client, Piece, Result
+from specsteer.client import Client, Piece, Prepared, Result
 from specsteer.device import PRESETS, ModeChange, Params
 from specsteer.history import HistoryStore, task_names
 from specsteer.protocol import describe_frame
@@ -123,20 +123,42 @@ class Bridge:
             if method in self._history:
                 self._run_history(method, params, respond)
                 return
+            if method == "prepare":
+                self._prepare(params, respond)
+                return
             respond(self._methods[method](params), None)
         except Exception as exc:  # every failure becomes an error object, never a dead bridge
             respond(None, _logged(method, exc))
 
     # -- plain methods ---------------------------------------------------------------------------
     def prepare(self, params: dict[str, Any]) -> dict[str, Any]:
-        """Retrieve and prefill a request in the background (`Client.prepare`); answers at once.
-        A following `generate` of the same task reuses every prompt token they share."""
+        """Retrieve and prefill a request in the background (`Client.prepare`); answers at once
+        (`ready`: already done). A following `generate` of the same task reuses every prompt
+        token they share."""
+        task, prepared = self._start_prepare(params)
+        return {"task": task, "prefilling": True, "ready": prepared.wait(0)}
+
+    def _prepare(self, params: dict[str, Any], respond: Respond) -> None:
+        """`prepare`; with `wait_s`, answered from another thread once the prefill (and the
+        session opening) is done or `wait_s` has passed: an app shows "ready" only then."""
+        wait_s = float(params.get("wait_s", 0))
+        if wait_s <= 0:
+            respond(self.prepare(params), None)
+            return
+        task, prepared = self._start_prepare(params)
+
+        def answer() -> None:
+            respond({"task": task, "prefilling": True, "ready": prepared.wait(wait_s)}, None)
+
+        threading.Thread(target=answer, name="bridge-prepare", daemon=True).start()
+
+    def _start_prepare(self, params: dict[str, Any]) -> tuple[str, Prepared]:
         task = params.get("task", "email")
-        self.client.prepare(params["query"], task=task, before=params.get("before"),
-                            prefix=params.get("prefix", ""),
-                            open_session=params.get("open_session", True),
-                            **_options(params, DECODING_OPTIONS))
-        return {"task": task, "prefilling": True}
+        prepared = self.client.prepare(params["query"], task=task, before=params.get("before"),
+                                       prefix=params.get("prefix", ""),
+                                       open_session=params.get("open_session", True),
+                                       **_options(params, DECODING_OPTIONS))
+        return task, prepared
 
     def initialize(self, params: dict[str, Any]) -> dict[str, Any]:
         history = self.client.history

@@ -43,6 +43,10 @@ export type PrepareParams = GenerationRequest &
      * also open the companion session over the public request now (default true: the first round then needs no hello and no companion prefill); false: nothing leaves the device until generate (preparing while the user types text not yet offered for help)
      */
     open_session?: boolean;
+    /**
+     * answer once the prefill (and the session opening) is done, waiting at most this many seconds; ready in the result says whether it was (default 0: answer at once). An app shows "ready" on it
+     */
+    wait_s?: number;
   };
 export type Mode = "collaborative" | "local";
 
@@ -355,6 +359,10 @@ export interface InitializeResult {
 export interface PrepareResult {
   task: string;
   prefilling: true;
+  /**
+   * the prefill (and the session opening) was done when this answer was sent
+   */
+  ready: boolean;
 }
 export interface ShutdownParams {}
 export interface ShutdownResult {}
