@@ -23,6 +23,8 @@ terminates at Serve's proxy (`http_options`).
 import asyncio
 import contextlib
 import logging
+import os
+import socket
 import uuid
 from collections import Counter
 from dataclasses import dataclass
@@ -319,6 +321,8 @@ def start(config: RayCompanionConfig, *, blocking: bool = False) -> str:
         server_ssl_context(i.cert, i.key)  # a bad certificate fails here, with what to fix
     address = None if config.address == "local" else config.address
     try:
+        if address is not None:
+            _check_answers(address)
         ray.init(address=address, ignore_reinit_error=True, namespace="specsteer")
     except (ConnectionError, RuntimeError) as exc:
         raise RayUnavailable(
@@ -330,6 +334,32 @@ def start(config: RayCompanionConfig, *, blocking: bool = False) -> str:
     serve.run(build_app(config), name=config.app_name, route_prefix="/", blocking=blocking)
     scheme = "wss" if i.cert else "ws"
     return f"{scheme}://{i.host}:{i.port}"
+
+
+def _check_answers(address: str, timeout_s: float = 3.0) -> None:
+    """Fail fast when the cluster's GCS does not accept a connection: Ray itself retries for
+    minutes, logging every 5 s, when `auto` finds the address file of a head that was stopped or
+    killed (measured: still waiting after 200 s). `ray://` client addresses are left to Ray."""
+    if address.startswith("ray://"):
+        return
+    from ray._private.services import get_ray_address_from_environment
+
+    resolved = get_ray_address_from_environment(address, None)  # ConnectionError if none found
+    host, _, port = resolved.rpartition(":")
+    if not host or not port.isdigit():
+        return  # not host:port: Ray reports it
+    try:
+        socket.create_connection((host, int(port)), timeout=timeout_s).close()
+    except OSError as exc:
+        why = exc.strerror or str(exc) or type(exc).__name__
+        named, hint = "", ""
+        if os.environ.get("RAY_ADDRESS"):
+            named = ", from RAY_ADDRESS,"
+        elif address == "auto":
+            named = ", named by the address file of the last `ray start`,"
+            hint = "; a head that was stopped or killed leaves it behind (`ray stop` clears it)"
+        raise ConnectionError(f"its GCS at {resolved}{named} does not answer ({why}){hint}") \
+            from exc
 
 
 def wait_forever() -> None:

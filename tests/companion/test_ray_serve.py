@@ -60,11 +60,34 @@ def test_no_cluster_is_a_clear_error(tmp_path):
     """Runs first, before this module's cluster exists: `address: auto` finds nothing."""
     config = tmp_path / "ray.yaml"
     config.write_text("address: auto\nopen_access: true\n")
+    # Ray's own temporary folder here: a stale address file elsewhere on the machine (a head
+    # killed by another run) is the next test's case, not this one's
     done = subprocess.run([sys.executable, "-m", "specsteer_companion.cli", "ray", "serve",
                            "--config", str(config)], capture_output=True, text=True,
-                           env=_env(), timeout=120)
+                           env={**_env(), "RAY_TMPDIR": str(tmp_path)}, timeout=120)
     assert done.returncode == 1
     assert "error: no Ray cluster at 'auto'" in done.stderr and "ray start --head" in done.stderr
+
+
+def test_a_killed_heads_address_file_is_a_clear_error_at_once(tmp_path):
+    """`address: auto` after the head was killed: Ray's address file names a GCS that is gone.
+    Ray itself retries for minutes, logging every 5 s; the CLI says what happened in seconds."""
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        gone = probe.getsockname()[1]
+    (tmp_path / "ray").mkdir()
+    (tmp_path / "ray" / "ray_current_cluster").write_text(f"127.0.0.1:{gone}\n")
+    config = tmp_path / "ray.yaml"
+    config.write_text("address: auto\nopen_access: true\n")
+    started = time.monotonic()
+    done = subprocess.run([sys.executable, "-m", "specsteer_companion.cli", "ray", "serve",
+                           "--config", str(config)], capture_output=True, text=True,
+                           env={**_env(), "RAY_TMPDIR": str(tmp_path)}, timeout=120)
+    assert done.returncode == 1 and time.monotonic() - started < 30
+    [line] = done.stderr.strip().splitlines()  # no Ray log, no traceback
+    assert line.startswith("error: no Ray cluster at 'auto' (its GCS at 127.0.0.1:")
+    assert f":{gone}, named by the address file of the last `ray start`, does not answer" in line
+    assert "`ray stop` clears it" in line and "ray start --head" in line
 
 
 @pytest.mark.parametrize("missing", ["ray", "yaml"])
