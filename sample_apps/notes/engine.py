@@ -167,6 +167,13 @@ class NotesEngine:
         return {"query": {"topic": title.strip() or "a new note"}, "task": "note",
                 "prefix": body, "exclude": (note_id,) if note_id else ()}
 
+    def _options(self) -> dict[str, Any]:
+        """The decoding options of a continuation, given to `prepare` too: with a companion,
+        the first round's draft that prepare makes after the prefill is kept only for a
+        continuation with the same draft settings (`rounds.first_draft_key`)."""
+        return {"preset": self.settings.preset, "max_new_tokens": self.max_new_tokens,
+                "no_repeat_ngram": self.no_repeat_ngram, "leak_guard": self.settings.leak_guard}
+
     def prepare(self, title: str, body: str, note_id: str | None = None) -> dict[str, Any]:
         """Retrieve and prefill the continuation of the note being typed (debounced by the
         page); the continuation asked for next reuses it. Skipped while one is running.
@@ -177,7 +184,8 @@ class NotesEngine:
         request = self._request(title, body, note_id)
         # the device only: the note goes up when the user asks for a continuation, not while
         # they type (the public request holds their draft)
-        prepared = self._client().prepare(request.pop("query"), open_session=False, **request)
+        prepared = self._client().prepare(request.pop("query"), open_session=False,
+                                          **self._options(), **request)
         # answered when the prefill is done (the page says "ready" only then) or has run for
         # PREPARE_WAIT_S; a continuation asked for meanwhile takes the prefill over
         return {"prefilling": True, "ready": prepared.wait(PREPARE_WAIT_S)}
@@ -201,10 +209,8 @@ class NotesEngine:
             out: list[Result] = []
             request = self._request(title, body, note_id)
             stream = self._client().stream(
-                request.pop("query"), preset=self.settings.preset,
-                max_new_tokens=self.max_new_tokens, offline=self.policy, on_mode=on_mode,
-                result=out, no_repeat_ngram=self.no_repeat_ngram,
-                leak_guard=self.settings.leak_guard, **request)
+                request.pop("query"), offline=self.policy, on_mode=on_mode, result=out,
+                **self._options(), **request)
             try:
                 for piece in stream:
                     emit("piece", {"text": piece.text, "provenance": piece.provenance,
@@ -221,6 +227,7 @@ class NotesEngine:
                           "reconnects": stats.reconnects, "records": list(stats.records),
                           "prefill_reused": stats.prefill_reused,
                           "prefill_tokens": stats.prefill_tokens,
+                          "drafted_ahead": stats.drafted_ahead,
                           "leak_guard": self.settings.leak_guard,
                           "leak_flagged": stats.leak_flagged,
                           "leak_redacted": stats.leak_redacted, "leak_held": stats.leak_held})

@@ -26,6 +26,8 @@ from server import serve  # noqa: E402
 from specsteer.client import Client  # noqa: E402
 from specsteer.history import HistoryStore  # noqa: E402
 from specsteer.history.ingest import ingest_path  # noqa: E402
+from specsteer_companion.server import CompanionServer  # noqa: E402
+from specsteer_companion.verifier import Verifier  # noqa: E402
 
 DATA = Path(__file__).resolve().parents[2] / "sample_apps" / "data"
 
@@ -143,3 +145,19 @@ def test_prepare_answers_ready_once_the_prefill_is_done(tiny_model) -> None:
     _, done = _continue(engine)
     assert done["prefill_reused"] > 128 and done["prefill_tokens"] == 0, done
     assert waited >= 0.2 * (done["prefill_reused"] // 128)  # one pass per chunk, all waited for
+
+
+def test_a_continuation_prepared_while_typing_uses_the_draft_made_ahead(tiny_model,
+                                                                     tiny_generalist) -> None:
+    """The engine prepares with the continuation's decoding options (`no_repeat_ngram` 8, its
+    `max_new_tokens`, preset, leak guard): the first round's draft made after the prefill is
+    the one the continuation uses (`drafted_ahead`, shown in the suggestion's state line).
+    Prepared without them, the draft was made for other settings and made again."""
+    store = HistoryStore(memory=True)
+    ingest_path(store, DATA / "notes.json")
+    with CompanionServer(Verifier(tiny_generalist, tiny_model)).running() as url:
+        engine = NotesEngine(tiny_model, store, Settings(companion=url), max_new_tokens=16)
+        assert engine.prepare(TITLE, BODY)["ready"]
+        _, done = _continue(engine)
+        engine.close()
+    assert done["drafted_ahead"] > 0 and done["prefill_tokens"] == 0, done
