@@ -30,7 +30,7 @@ from specsteer.bridge.errors import (
     from_exception,
 )
 from specsteer.bridge.schemas import PROTOCOL_VERSION, check_params
-from specsteer.client import Client, Piece, Prepared, Result
+from specsteer.client import Client, Piece, Result
 from specsteer.device import PRESETS, ModeChange, Params
 from specsteer.history import HistoryStore, task_names
 from specsteer.protocol import describe_frame
@@ -90,7 +90,6 @@ class Bridge:
             "status": self.status,
             "cancel": self.cancel,
             "shutdown": self.shutdown,
-            "prepare": self.prepare,
         }
         self._history: dict[str, Callable[[HistoryStore, dict[str, Any]], Any]] = {
             "history.add": _history_add,
@@ -103,7 +102,7 @@ class Bridge:
 
     @property
     def methods(self) -> list[str]:
-        return [*self._methods, "generate", *self._history]
+        return [*self._methods, "prepare", "generate", *self._history]
 
     def knows(self, method: str) -> bool:
         return method in self.methods
@@ -124,42 +123,34 @@ class Bridge:
                 self._run_history(method, params, respond)
                 return
             if method == "prepare":
-                self._prepare(params, respond)
+                self.prepare(params, respond)
                 return
             respond(self._methods[method](params), None)
         except Exception as exc:  # every failure becomes an error object, never a dead bridge
             respond(None, _logged(method, exc))
 
-    # -- plain methods ---------------------------------------------------------------------------
-    def prepare(self, params: dict[str, Any]) -> dict[str, Any]:
-        """Retrieve and prefill a request in the background (`Client.prepare`); answers at once
-        (`ready`: already done). A following `generate` of the same task reuses every prompt
-        token they share."""
-        task, prepared = self._start_prepare(params)
-        return {"task": task, "prefilling": True, "ready": prepared.wait(0)}
-
-    def _prepare(self, params: dict[str, Any], respond: Respond) -> None:
-        """`prepare`; with `wait_s`, answered from another thread once the prefill (and the
-        session opening) is done or `wait_s` has passed: an app shows "ready" only then."""
-        wait_s = float(params.get("wait_s", 0))
-        if wait_s <= 0:
-            respond(self.prepare(params), None)
-            return
-        task, prepared = self._start_prepare(params)
-
-        def answer() -> None:
-            respond({"task": task, "prefilling": True, "ready": prepared.wait(wait_s)}, None)
-
-        threading.Thread(target=answer, name="bridge-prepare", daemon=True).start()
-
-    def _start_prepare(self, params: dict[str, Any]) -> tuple[str, Prepared]:
+    # -- prepare ---------------------------------------------------------------------------------
+    def prepare(self, params: dict[str, Any], respond: Respond) -> None:
+        """Retrieve and prefill a request in the background (`Client.prepare`). Answered at once
+        (`ready`: already done), or with `wait_s` from another thread once the prefill (and the
+        session opening) is done or `wait_s` has passed: an app shows "ready" only then. A
+        following `generate` of the same task reuses every prompt token they share."""
         task = params.get("task", "email")
         prepared = self.client.prepare(params["query"], task=task, before=params.get("before"),
                                        prefix=params.get("prefix", ""),
                                        open_session=params.get("open_session", True),
                                        **_options(params, DECODING_OPTIONS))
-        return task, prepared
+        wait_s = float(params.get("wait_s", 0))
 
+        def answer() -> None:
+            respond({"task": task, "prefilling": True, "ready": prepared.wait(wait_s)}, None)
+
+        if wait_s <= 0:
+            answer()
+        else:
+            threading.Thread(target=answer, name="bridge-prepare", daemon=True).start()
+
+    # -- plain methods ---------------------------------------------------------------------------
     def initialize(self, params: dict[str, Any]) -> dict[str, Any]:
         history = self.client.history
         return {
