@@ -27,7 +27,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from specsteer_lab.eval.compare import interval_cell, paired_difference
+from specsteer_lab.eval.compare import interval_cell, mean_cell, paired_difference
 from specsteer_lab.eval.harness import RESULTS, RUN_CONFIG, read_results
 
 LOOP_NGRAM, LOOP_TIMES = 6, 3
@@ -49,11 +49,6 @@ def labels(configs: Sequence[Mapping[str, Any]]) -> list[str]:
     if not differing:
         return [f"run {index + 1}" for index in range(len(configs))]
     return [", ".join(f"{key}={config.get(key)}" for key in differing) for config in configs]
-
-
-def _mean(rows: Sequence[Mapping[str, Any]], key: str, scale: float = 1.0) -> str:
-    values = [float(row[key]) * scale for row in rows if row.get(key) is not None]
-    return f"{statistics.mean(values):.2f}" if values else "–"
 
 
 def main() -> None:
@@ -88,9 +83,9 @@ def main() -> None:
                     paired_difference(pair, "run", "first", m) for m in ("rouge1", "rougeL"))]
             ratios = [row["length_ratio"] for row in mine if row.get("length_ratio") is not None]
             ratio = f"{statistics.median(ratios):.2f}" if ratios else "–"
-            print(f"| {method} | {name} | {len(mine)} | {_mean(mine, 'rouge1', 100)} "
-                  f"| {_mean(mine, 'rougeL', 100)} | {_mean(mine, 'acceptance', 100)} "
-                  f"| {_mean(mine, 'tokens')} | {ratio} "
+            print(f"| {method} | {name} | {len(mine)} | {mean_cell(mine, 'rouge1', 100)} "
+                  f"| {mean_cell(mine, 'rougeL', 100)} | {mean_cell(mine, 'acceptance', 100)} "
+                  f"| {mean_cell(mine, 'tokens')} | {ratio} "
                   f"| {sum(loops(row['text']) for row in mine)}/{len(mine)} "
                   f"| {changed if index else '–'} | {' | '.join(deltas)} |")
 

@@ -19,12 +19,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from specsteer_lab.eval.compare import interval_cell, paired_difference
+from specsteer_lab.eval.compare import interval_cell, mean_cell, paired_difference
 from specsteer_lab.eval.harness import RESULTS, RUN_CONFIG, read_results
 from specsteer_lab.quality import Interval, paired_bootstrap
 
@@ -33,11 +32,6 @@ def load_folder(folder: Path) -> tuple[str, int, list[dict[str, Any]]]:
     """(task, budget, rows) of one results folder."""
     config = json.loads((folder / RUN_CONFIG).read_text(encoding="utf-8"))
     return config["task"], int(config["max_prompt_tokens"]), read_results(folder / RESULTS)
-
-
-def _mean(rows: Sequence[Mapping[str, Any]], key: str, scale: float = 1.0) -> str:
-    values = [float(row[key]) * scale for row in rows if row.get(key) is not None]
-    return f"{statistics.mean(values):.2f}" if values else "–"
 
 
 def acceptance_difference(rows: Sequence[Mapping[str, Any]], method: str,
@@ -89,11 +83,12 @@ def main() -> None:
                 interval_cell(d.interval if (d := paired_difference(rows, label, top, metric))
                               else None) for metric in ("rouge1", "rougeL")
             ] + [interval_cell(acceptance_difference(rows, label, top))]
-            print(f"| {method} | {budget} | {len(mine)} | {_mean(mine, 'private_prompt_tokens')} "
-                  f"| {_mean(mine, 'rouge1', 100)} | {_mean(mine, 'rougeL', 100)} "
-                  f"| {_mean(mine, 'acceptance', 100)} | {_mean(mine, 'prefill_s')} "
-                  f"| {_mean(mine, 'ttft_s')} | {_mean(mine, 'tokens')} "
-                  f"| {_mean(mine, 'wall_s')} | {' | '.join(deltas)} |")
+            print(f"| {method} | {budget} | {len(mine)} "
+                  f"| {mean_cell(mine, 'private_prompt_tokens')} "
+                  f"| {mean_cell(mine, 'rouge1', 100)} | {mean_cell(mine, 'rougeL', 100)} "
+                  f"| {mean_cell(mine, 'acceptance', 100)} | {mean_cell(mine, 'prefill_s')} "
+                  f"| {mean_cell(mine, 'ttft_s')} | {mean_cell(mine, 'tokens')} "
+                  f"| {mean_cell(mine, 'wall_s')} | {' | '.join(deltas)} |")
 
 
 if __name__ == "__main__":

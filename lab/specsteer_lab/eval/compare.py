@@ -8,6 +8,7 @@ measurement: it reads rows written by the harness.
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -57,6 +58,12 @@ def specsteer_differences(rows: Sequence[Mapping[str, Any]]) -> list[Difference]
     found = (paired_difference(rows, method, baseline, metric)
              for method in ours for baseline in others for metric in METRICS)
     return [difference for difference in found if difference is not None]
+
+
+def mean_cell(rows: Sequence[Mapping[str, Any]], key: str, scale: float = 1.0) -> str:
+    """The mean of `key` over the rows that have it, times `scale`, as `12.34`; `–` for none."""
+    values = [float(row[key]) * scale for row in rows if row.get(key) is not None]
+    return f"{statistics.mean(values):.2f}" if values else "–"
 
 
 def interval_cell(interval: Interval | None) -> str:
