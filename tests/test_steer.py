@@ -20,6 +20,7 @@ from specsteer.steer import (
     light_costeer,
     log_softmax,
     opening_bans,
+    phrase_bans,
     pick,
     ratio_accept_count,
     repeated_ngram_bans,
@@ -469,3 +470,13 @@ def test_opening_bans_only_the_token_that_completes_an_opening_at_the_start() ->
     assert opening_bans([5, 6, 7], openings) == frozenset()  # past every opening
     assert opening_bans([1, 5, 6], openings) == frozenset()  # not at the start: free
     assert opening_bans([5, 6], []) == frozenset()
+
+
+def test_phrase_bans_the_token_that_completes_a_phrase_anywhere() -> None:
+    phrases = [(5, 6, 7), (6, 9), (4,)]
+    assert phrase_bans([], phrases) == {4}  # a one-token phrase: never written
+    assert phrase_bans([1, 2, 5, 6], phrases) == {4, 7, 9}  # mid-text, after the rest of each
+    assert phrase_bans([5, 6, 7, 6], phrases) == {4, 9}  # a second phrase after the first
+    assert phrase_bans([6], phrases) == {4, 9}  # a phrase from the first token
+    assert phrase_bans([5, 8, 6], phrases[:1]) == frozenset()  # only the phrase's own tail
+    assert phrase_bans([5, 6], []) == frozenset()

@@ -31,7 +31,7 @@ from specsteer.device.rounds import first_draft, first_draft_key
 from specsteer.errors import CompanionConfigError, CompanionUnavailable, GenerationCancelled
 from specsteer.history import HistoryStore, Prompt, build_prompt, continuation_prefix, retrieve
 from specsteer.link import CompanionLink, FrameChannel, FrameTap, LinkStats
-from specsteer.meta_answers import opening_ids
+from specsteer.meta_answers import phrase_ids
 from specsteer.prepared import KeptSessions, KeptTracks, OpeningSession
 from specsteer.runtime import load_device_model
 from specsteer.runtime.base import LanguageModel
@@ -249,10 +249,10 @@ class Client:
         options = self._fit_user(_settings(preset, settings, params), prompt, user_length)
         key = first_draft_key(options) if self.companion is not None else None
         tokenizer = self.specialist.tokenizer
-        openings = opening_ids(tokenizer, options.meta_openings)
+        phrases = phrase_ids(tokenizer, options.meta_openings, options.banned_phrases)
         then = None if key is None else \
             (lambda track, stop: first_draft(track, options, tokenizer.eos_ids, stop,  # noqa: E731
-                                             openings))
+                                             phrases))
         worker = self._kept.prepare(task, device_prompt.private_ids, then, key)
         session = None
         if open_session and self.companion is not None and options.collaborative:
@@ -267,9 +267,10 @@ class Client:
         self._sessions.close()
 
     def _fit_user(self, settings: Params, prompt: Prompt, user_length: bool) -> Params:
-        """`settings` for this user, decided on the device: the assistant openings their texts
-        never use are banned (`Params.for_user`); with `user_length`, their usual length for
-        the task within the request's budget (a draft being continued holds part of it)."""
+        """`settings` for this user, decided on the device: the assistant openings and phrases
+        their texts never use are banned (`Params.for_user`); with `user_length`, their usual
+        length for the task within the request's budget (a draft being continued holds part of
+        it)."""
         settings = settings.for_user([*(text for _, text in prompt.examples), prompt.prefix])
         if not user_length or prompt.length is None:
             return settings

@@ -11,13 +11,19 @@ own as `Params.meta_openings`, `()` turns the rule off.
 Assistant openings are the chat model's voice rather than the user's: "I'm glad you found the
 thread helpful!", "I hope this post finds you well.", "Dear [Recipient's Name]", "Here's the
 follow-up post:". Some people do write some of them, so each is banned only for a user whose
-own retrieved texts never use it (`unused_openings`; `Params.for_user`).
+own retrieved texts never use it (`unused_phrases`; `Params.for_user`).
+
+The same voice also shows after the opening ("… As an AI language model, I don't have personal
+opinions", "If you have any other questions, feel free to ask!", markdown bold and code fences
+in a newsgroup post): `ASSISTANT_PHRASES` are banned anywhere in the output, again only for a
+user whose texts never use them.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
 META_OPENINGS: tuple[str, ...] = (
@@ -49,7 +55,21 @@ ASSISTANT_OPENINGS: tuple[str, ...] = (
 )
 
 
-def unused_openings(phrases: Sequence[str], texts: Iterable[str]) -> tuple[str, ...]:
+ASSISTANT_PHRASES: tuple[str, ...] = (
+    # banned anywhere (the token completing the phrase), for a user who never writes them;
+    # "As an AI" is cut at "AI", whatever follows ("language model", "assistant", ", I …")
+    "As an AI", "as an AI", "As a language model", "as a language model", "I'm an AI",
+    "feel free to ask", "Feel free to ask", "feel free to reach out", "Feel free to reach out",
+    "don't hesitate to ask", "don't hesitate to reach out",
+    "If you have any other questions", "If you have any further questions",
+    "If you have any more questions", "if you have any other questions",
+    "I hope this helps", "I hope this information", "I hope you find this",
+    "I'm here to help", "I am here to help", "Here are some key points", "key points to consider",
+    "**", "```",  # markdown bold and code fences: a chat answer's layout, not a post's
+)
+
+
+def unused_phrases(phrases: Sequence[str], texts: Iterable[str]) -> tuple[str, ...]:
     """The phrases that none of `texts` (the user's own) contains as words, case and
     apostrophe style as written ("Sure" is not found in "not sure")."""
     written = "\n".join(texts).replace("\u2019", "'")
@@ -70,7 +90,23 @@ class _Encoder(Protocol):
     def encode(self, text: str) -> list[int]: ...
 
 
-def opening_ids(tokenizer: _Encoder, phrases: Sequence[str]) -> tuple[tuple[int, ...], ...]:
-    """Each phrase as the tokenizer writes it at the start of a text (once per generation:
-    a few dozen short encodes, well under a millisecond)."""
+@dataclass(frozen=True)
+class PhraseIds:
+    """Banned phrases as token ids: `openings` at the start of the output, `anywhere` at any
+    position (each as written at a line's start and after a space: the same words are other
+    tokens there)."""
+
+    openings: tuple[tuple[int, ...], ...] = ()
+    anywhere: tuple[tuple[int, ...], ...] = ()
+
+
+def phrase_ids(tokenizer: _Encoder, openings: Sequence[str],
+               anywhere: Sequence[str] = ()) -> PhraseIds:
+    """`openings` and `anywhere` as the tokenizer writes them (once per generation: a few
+    dozen short encodes, well under a millisecond)."""
+    written = [text for phrase in anywhere for text in (phrase, " " + phrase)]
+    return PhraseIds(_encoded(tokenizer, openings), _encoded(tokenizer, dict.fromkeys(written)))
+
+
+def _encoded(tokenizer: _Encoder, phrases: Iterable[str]) -> tuple[tuple[int, ...], ...]:
     return tuple(ids for ids in (tuple(tokenizer.encode(p)) for p in phrases) if ids)

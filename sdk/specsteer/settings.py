@@ -11,7 +11,12 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
-from specsteer.meta_answers import ASSISTANT_OPENINGS, META_OPENINGS, unused_openings
+from specsteer.meta_answers import (
+    ASSISTANT_OPENINGS,
+    ASSISTANT_PHRASES,
+    META_OPENINGS,
+    unused_phrases,
+)
 from specsteer.protocol import Mode, SessionSettings
 from specsteer.steer import SELECTS
 
@@ -38,6 +43,12 @@ PRESETS = {
     "fast": {"gamma": 0.1, "top_k": 32},
     "strict": {"gamma": 1.0},
 }
+
+
+def _joined(banned: tuple[str, ...], candidates: tuple[str, ...],
+            texts: list[str]) -> tuple[str, ...]:
+    """`banned` plus the `candidates` that none of `texts` uses."""
+    return banned + tuple(p for p in unused_phrases(candidates, texts) if p not in banned)
 
 
 @dataclass(frozen=True)
@@ -75,6 +86,12 @@ class Params:
     # well"), but only those the user's own retrieved texts never use: `for_user` adds them to
     # meta_openings (`Client` does, on the device, for every method); () turns it off
     assistant_openings: tuple[str, ...] = ASSISTANT_OPENINGS
+    # phrases the output may not contain anywhere (the app's own; device-only)...
+    banned_phrases: tuple[str, ...] = ()
+    # ...and the assistant's voice after the opening ("As an AI language model", "feel free to
+    # ask", markdown bold, code fences), again only those the user's texts never use:
+    # `for_user` adds them to banned_phrases; () turns it off
+    assistant_phrases: tuple[str, ...] = ASSISTANT_PHRASES
     seed: int = _WIRE.seed
     select: str = _WIRE.select  # or "difference" (METHOD.md: worse; kept to report it)
     # where P_S0 is computed: None = the companion when it hosts the generic Specialist, else the
@@ -116,7 +133,8 @@ class Params:
             raise ValueError("end_release must be in (0, 1]")
         if self.end_release_after is not None and self.end_release_after < 0:
             raise ValueError("end_release_after must be None or >= 0")
-        for name in ("meta_openings", "assistant_openings"):
+        for name in ("meta_openings", "assistant_openings", "banned_phrases",
+                     "assistant_phrases"):
             phrases = getattr(self, name)
             if not isinstance(phrases, tuple) or not all(isinstance(p, str) and p for p in phrases):
                 raise ValueError(f"{name} must be a tuple of non-empty strings")
@@ -127,13 +145,14 @@ class Params:
 
     def for_user(self, texts: Iterable[str]) -> Params:
         """These settings for a user whose own texts (the retrieved examples) are `texts`: the
-        assistant openings they never write join the banned openings."""
-        if not self.assistant_openings:
+        assistant openings and phrases they never write join the banned ones."""
+        if not self.assistant_openings and not self.assistant_phrases:
             return self
-        unused = unused_openings(self.assistant_openings, texts)
-        return replace(self, meta_openings=self.meta_openings
-                       + tuple(p for p in unused if p not in self.meta_openings),
-                       assistant_openings=())
+        texts = list(texts)
+        return replace(
+            self, meta_openings=_joined(self.meta_openings, self.assistant_openings, texts),
+            banned_phrases=_joined(self.banned_phrases, self.assistant_phrases, texts),
+            assistant_openings=(), assistant_phrases=())
 
     @classmethod
     def preset(cls, name: str | None = None, **overrides: object) -> Params:

@@ -35,6 +35,7 @@ __all__ = [
     "log_softmax",
     "nucleus",
     "opening_bans",
+    "phrase_bans",
     "pick",
     "possible_only",
     "repeated_ngram_bans",
@@ -336,6 +337,14 @@ def opening_bans(output: Sequence[int], openings: Sequence[Sequence[int]]) -> fr
     n = len(output)
     return frozenset(seq[-1] for seq in openings
                      if len(seq) == n + 1 and tuple(seq[:-1]) == tuple(output))
+
+
+def phrase_bans(output: Sequence[int], phrases: Sequence[Sequence[int]]) -> frozenset[int]:
+    """Tokens that would make `output` end with one of `phrases` (id sequences), anywhere in
+    the text: the phrase's last token is banned after the rest of it."""
+    return frozenset(seq[-1] for seq in phrases
+                     if len(seq) <= len(output) + 1
+                     and tuple(output[len(output) - len(seq) + 1:]) == tuple(seq[:-1]))
 
 
 def repeated_ngram_bans(output: Sequence[int], n: int) -> frozenset[int]:

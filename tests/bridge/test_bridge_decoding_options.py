@@ -115,7 +115,33 @@ def test_openings_and_end_release_reach_the_decoder(spawn, tiny_model) -> None:
     assert not bridge.call("generate", assistant)["result"]["text"].startswith(phrase.strip())
     for bad in ({"end_release": 0}, {"end_release": 1.5}, {"meta_openings": [""]},
                 {"meta_openings": "I'm sorry"}, {"assistant_openings": [""]},
-                {"assistant_openings": "Here's the"}):
+                {"assistant_openings": "Here's the"}, {"banned_phrases": [""]},
+                {"banned_phrases": "As an AI"}, {"assistant_phrases": [7]},
+                {"assistant_phrases": ["x"] * 65}):
         answer = bridge.call("generate", {**QUERY, **bad})
         assert answer["error"]["code"] == errors.INVALID_PARAMS, bad
+    assert bridge.close() == 0
+
+
+def test_phrases_banned_anywhere_reach_the_decoder(spawn, tiny_model) -> None:
+    """A phrase the tiny Specialist writes mid-text (its tokens 4 on), given as the app's
+    `banned_phrases` or as an `assistant_phrases` entry this user (no history) never writes,
+    is not written; [] leaves the text as it was."""
+    tok = tiny_model.tokenizer
+    off = {"meta_openings": [], "assistant_openings": [], "banned_phrases": [],
+           "assistant_phrases": []}
+    plain = Client(tiny_model).generate(QUERY["query"], task="note", max_new_tokens=12,
+                                        **{name: () for name in off})
+    span = next(plain.tokens[3:n] for n in range(5, 9)
+                if tok.encode(tok.decode(plain.tokens[3:n])) == list(plain.tokens[3:n]))
+    phrase = tok.decode(span)
+    bridge = spawn()
+    assert bridge.call("generate", {**QUERY, "max_new_tokens": 12, **off}
+                       )["result"]["text"] == plain.text
+    for name in ("banned_phrases", "assistant_phrases"):
+        params = {**QUERY, "max_new_tokens": 12, **off, name: [phrase]}
+        assert_valid("generate", "params", params)
+        assert_valid("prepare", "params", params)
+        tokens = tok.encode(bridge.call("generate", params)["result"]["text"])
+        assert tokens[:3] == list(plain.tokens[:3]) and tokens[3:3 + len(span)] != list(span)
     assert bridge.close() == 0

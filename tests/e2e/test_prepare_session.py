@@ -187,11 +187,11 @@ def test_the_first_draft_is_made_ahead_and_used(tiny_model, tiny_generalist, sto
     assert result.stats.prefill_reused == len(client.render(REQUEST)[1].private_ids)
 
 
-@pytest.mark.parametrize("change", [dict(k=2), dict(min_new_tokens=8), dict(temperature=0.7),
-                                    dict(meta_openings=()),
+@pytest.mark.parametrize("change", [dict(k=2), dict(no_repeat_ngram=3), dict(temperature=0.7),
+                                    dict(meta_openings=()), dict(banned_phrases=("zq",)),
                                     dict(min_new_tokens=8, end_release=1.0)])
 def test_other_draft_settings_draft_again(tiny_model, tiny_generalist, store, change):
-    options = dict(seed=5, **change)
+    options = {"seed": 5, "k": 3, **change}  # the prepare's settings but for `change`
     cold = _cold(tiny_model, tiny_generalist, store, REQUEST, **options)
     client = _client(tiny_model, _Channels(Verifier(tiny_generalist, tiny_model)), store)
     assert client.prepare(REQUEST, k=3).wait(timeout=60)

@@ -167,13 +167,13 @@ def test_no_repeat_rule_reaches_every_method():
 
 
 def test_end_release_and_meta_openings_reach_every_method():
-    from specsteer.meta_answers import ASSISTANT_OPENINGS, META_OPENINGS
+    from specsteer.meta_answers import ASSISTANT_OPENINGS, ASSISTANT_PHRASES, META_OPENINGS
     from specsteer.settings import Params
     from specsteer_lab.eval.data import EvalError
 
     default = EvalConfig(task="email")
     old = EvalConfig(task="email", end_release=1.0, ban_meta_openings=False,
-                     ban_assistant_openings=False)
+                     ban_assistant_openings=False, ban_assistant_phrases=False)
     meta_only = EvalConfig(task="email", ban_assistant_openings=False)
     theirs = ["Here's the thing: I hope you're doing fine."]  # the user's retrieved texts
     for name in ("slm_rag", "llm", "specsteer@0.5", "specsteer:fast"):
@@ -185,6 +185,9 @@ def test_end_release_and_meta_openings_reach_every_method():
             p for p in ASSISTANT_OPENINGS if p not in ("Here's the", "I hope you're doing"))
         assert meta_only.params(spec).meta_openings == META_OPENINGS
         assert (old.params(spec).end_release, old.params(spec).meta_openings) == (1.0, ())
+        assert default.params(spec).banned_phrases == ASSISTANT_PHRASES
+        assert "**" not in default.params(spec, None, ["a **bold** claim"]).banned_phrases
+        assert old.params(spec).banned_phrases == ()
     with pytest.raises(EvalError, match="end_release"):  # before any model loads
         EvalConfig(task="email", end_release=0.0)
 

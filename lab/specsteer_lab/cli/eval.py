@@ -86,6 +86,10 @@ def eval_command(
     ban_assistant_openings: Annotated[bool, typer.Option(
         help="...nor with an assistant's opening (\"I'm glad you found …\") that the user's "
              "retrieved texts never use (the SDK's Params.assistant_openings).")] = True,
+    ban_assistant_phrases: Annotated[bool, typer.Option(
+        help="...nor write, anywhere, an assistant's phrase (\"As an AI language model\", "
+             "\"feel free to ask\", markdown bold) that the user's retrieved texts never use "
+             "(the SDK's Params.assistant_phrases).")] = True,
     alpha: Annotated[float, typer.Option(help="Steering strength of the private term.")] = 1.0,
     threads: Annotated[int, typer.Option(min=1, help="ONNX Runtime threads per model.")] = 1,
     pipeline: Annotated[bool, typer.Option(
@@ -113,6 +117,7 @@ def eval_command(
                             min_example_tokens=min_example_tokens, user_length=user_length,
                             alpha=alpha, pipeline=pipeline, ban_meta_openings=ban_meta_openings,
                             ban_assistant_openings=ban_assistant_openings,
+                            ban_assistant_phrases=ban_assistant_phrases,
                             **({} if no_repeat_ngram is None
                                else {"no_repeat_ngram": no_repeat_ngram}),
                             **({} if end_release is None else {"end_release": end_release}),

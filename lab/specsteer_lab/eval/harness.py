@@ -140,6 +140,9 @@ class EvalConfig:
     # ...nor with an assistant's opening the user's retrieved texts never use ("I'm glad you
     # found …": `Params.assistant_openings`, `Params.for_user`), the same for every method.
     ban_assistant_openings: bool = True
+    # ...nor contain, anywhere, an assistant's phrase the user's texts never use ("As an AI
+    # language model", "feel free to ask", markdown bold: `Params.assistant_phrases`).
+    ban_assistant_phrases: bool = True
     # Drafting the next round while the companion verifies only pays when the two run at the
     # same time; the in-process companion runs in between, so here it would only add the lost
     # bets' drafting to SpecSteer's and speculative decoding's time. Output is the same.
@@ -175,6 +178,8 @@ class EvalConfig:
                       meta_openings=Params().meta_openings if self.ban_meta_openings else (),
                       assistant_openings=(Params().assistant_openings
                                           if self.ban_assistant_openings else ()),
+                      assistant_phrases=(Params().assistant_phrases
+                                         if self.ban_assistant_phrases else ()),
                       costeer_iterations=self.costeer_iterations, pipeline=self.pipeline,
                       warm_start=False  # the method's own text: no timing-dependent start
                       ).for_user(user_texts)

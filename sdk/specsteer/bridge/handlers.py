@@ -46,7 +46,9 @@ NOTIFICATIONS = ["generate.piece", "generate.mode", "generate.stats"]
 # draft, the companion session) is keyed by the settings the generate will use
 DECODING_OPTIONS = ("preset", "method", "max_new_tokens", "temperature", "gamma", "alpha", "k",
                     "adaptive_k", "top_k", "top_p", "seed", "no_repeat_ngram", "leak_guard",
-                    "end_release", "meta_openings", "assistant_openings")
+                    "end_release", "meta_openings", "assistant_openings", "banned_phrases",
+                    "assistant_phrases")
+PHRASE_LISTS = ("meta_openings", "assistant_openings", "banned_phrases", "assistant_phrases")
 # what only a stream takes besides them (`query` and `task` are positional)
 _STREAM_OPTIONS = (*DECODING_OPTIONS, "stop", "offline", "before", "prefix")
 
@@ -346,7 +348,7 @@ def _options(params: dict[str, Any], names: tuple[str, ...]) -> dict[str, Any]:
     options = {name: params[name] for name in names if name in params}
     if options.get("preset") == "default":
         options.pop("preset")
-    for name in ("meta_openings", "assistant_openings"):  # JSON lists; Params keeps tuples
+    for name in PHRASE_LISTS:  # JSON lists; Params keeps tuples
         if name in options:
             options[name] = tuple(options[name])
     return options

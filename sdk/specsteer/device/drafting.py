@@ -9,15 +9,18 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from specsteer import steer
 from specsteer.errors import GenerationCancelled
+from specsteer.meta_answers import PhraseIds
 from specsteer.runtime.track import Track
 from specsteer.settings import Params
+
+NO_PHRASES = PhraseIds()
 
 
 def choose(row: np.ndarray, temperature: float, rng: np.random.Generator | None) -> int:
@@ -39,18 +42,19 @@ class Drafted:
 
 def bans(params: Params, eos: frozenset[int], position: int, context: list[int],
          row: np.ndarray, ids: np.ndarray | None = None,
-         openings: Sequence[Sequence[int]] = ()) -> frozenset[int]:
+         phrases: PhraseIds = NO_PHRASES) -> frozenset[int]:
     """Ids the token at `position` of this session's output may not be, after the whole
     output `context`: end-of-text before the minimum length, unless the deciding model's `row`
     there (logits, or log-probabilities of `ids`: `steer.end_probability`) puts more than
     `end_release` on it (from `params.release_after` on; before it, always); a repeat of an
-    output n-gram; the end of a meta-answer opening (`openings`: `meta_answers.opening_ids`
-    of `params.meta_openings`)."""
+    output n-gram; the end of a banned phrase (`phrases`: `meta_answers.phrase_ids` of
+    `params.meta_openings` at the start, `params.banned_phrases` anywhere)."""
     held = position < params.min_new_tokens and (
         position < params.release_after
         or steer.end_probability(row, eos, ids) <= params.end_release)
     rules = steer.repeated_ngram_bans(context, params.no_repeat_ngram) \
-        | steer.opening_bans(context, openings)
+        | steer.opening_bans(context, phrases.openings) \
+        | steer.phrase_bans(context, phrases.anywhere)
     return eos | rules if held else rules
 
 

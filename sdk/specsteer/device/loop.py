@@ -25,7 +25,7 @@ from specsteer.device.rounds import MODES, collaborate
 from specsteer.device.warm import BackgroundPrefill, estimated_prefill_s
 from specsteer.errors import CompanionTimedOut, CompanionUnavailable, GenerationCancelled
 from specsteer.link import CompanionLink
-from specsteer.meta_answers import opening_ids
+from specsteer.meta_answers import phrase_ids
 from specsteer.runtime.base import LanguageModel
 from specsteer.runtime.track import Track
 from specsteer.settings import Params
@@ -113,7 +113,8 @@ class _Generation:
         self.links = Reconnector(self.policy, connect)
         self.on_mode = on_mode
         self.eos = specialist.tokenizer.eos_ids
-        self.openings = opening_ids(specialist.tokenizer, params.meta_openings)
+        self.phrases = phrase_ids(specialist.tokenizer, params.meta_openings,
+                                  params.banned_phrases)
         self.rng = np.random.default_rng(params.seed) if params.temperature > 0 else None
         self.out: list[int] = []
         self.remote: Iterator[tuple[int, str]] | None = None
@@ -244,7 +245,7 @@ class _Generation:
         ahead, self.ahead = self.ahead, None
         self.remote = collaborate(
             self.specialist, self.local, list(self.prompt.public_ids), list(self.out), left, link,
-            self.stats, self.rng, self.guard, self.next_round, ahead, openings=self.openings,
+            self.stats, self.rng, self.guard, self.next_round, ahead, phrases=self.phrases,
         )
 
     def _drop_ahead(self) -> None:
@@ -361,7 +362,7 @@ class _Generation:
         t0 = time.perf_counter()
         row = self.local.row
         row = steer.forbid(row, bans(self.params, self.eos, len(self.out), self.out, row,
-                                     openings=self.openings))
+                                     phrases=self.phrases))
         token = choose(row, self.params.temperature, self.rng)
         if token not in self.eos:
             self.local.push(token)

@@ -18,11 +18,12 @@ from collections.abc import Callable, Iterator, Sequence
 import numpy as np
 
 from specsteer import steer
-from specsteer.device.drafting import Drafted, bans, budget, draft
+from specsteer.device.drafting import NO_PHRASES, Drafted, bans, budget, draft
 from specsteer.device.events import DecodeStats
 from specsteer.device.leak_guard import LeakGuard, LeakHeld, best_allowed
 from specsteer.draft_length import DraftLength
 from specsteer.link import CompanionLink
+from specsteer.meta_answers import PhraseIds
 from specsteer.protocol import HelloOk, Mode, SessionSettings, Verdict
 from specsteer.runtime.base import LanguageModel
 from specsteer.runtime.track import Track
@@ -46,18 +47,19 @@ def first_draft_key(params: Params) -> tuple[object, ...] | None:
         return None
     size = budget(params, params.k, 0)  # end-of-text is banned at the positions below:
     return (size, min(params.min_new_tokens, size), min(params.release_after, size),
-            params.end_release, params.no_repeat_ngram, params.meta_openings)
+            params.end_release, params.no_repeat_ngram, params.meta_openings,
+            params.banned_phrases)
 
 
 def first_draft(local: Track, params: Params, eos: frozenset[int],
                 stop: Callable[[], bool] | None = None,
-                openings: Sequence[Sequence[int]] = ()) -> Drafted:
+                phrases: PhraseIds = NO_PHRASES) -> Drafted:
     """The first round's draft, made ahead of the request (`Client.prepare`): exactly what
     `SteeredRounds` drafts first (greedy); `stop` may cut it short, the round finishes it.
-    `openings`: the ids of `params.meta_openings` (`meta_answers.opening_ids`)."""
+    `phrases`: the banned phrases' ids (`meta_answers.phrase_ids`)."""
     return draft(local, budget(params, params.k, 0), 0.0, None, eos, stop=stop,
                  banned=lambda drafted, row: bans(params, eos, len(drafted), list(drafted), row,
-                                                  openings=openings))
+                                                  phrases=phrases))
 
 
 def session_settings(params: Params, link: CompanionLink) -> SessionSettings:
@@ -80,7 +82,7 @@ def collaborate(
     round_: int = 0,
     ahead: Drafted | None = None,
     *,
-    openings: Sequence[Sequence[int]],
+    phrases: PhraseIds,
 ) -> Iterator[tuple[int, str]]:
     """Open a session over the public prompt and yield (token, provenance) from its rounds.
 
@@ -92,8 +94,8 @@ def collaborate(
     `LeakHeld` under "hold"); the per-token baselines are not guarded. A session `link`
     already holds unused over this prompt and settings (`Client.prepare`) is used as it is;
     any other one is replaced. `ahead`: the first round's draft, made ahead (`first_draft`:
-    `local` holds the prompt plus its tokens). `openings`: the ids of `params.meta_openings`
-    (`meta_answers.opening_ids`, made once per generation).
+    `local` holds the prompt plus its tokens). `phrases`: the banned phrases' ids
+    (`meta_answers.phrase_ids`, made once per generation).
     """
     settings = session_settings(params, link)
     mode, s0_here = settings.mode, settings.s0_on_device
@@ -106,7 +108,7 @@ def collaborate(
     public_ids = [*public_prompt, *committed]
     if mode is Mode.ROWS:
         yield from row_tokens(local, params, link, stats, rng, specialist.tokenizer.eos_ids,
-                              openings, committed)
+                              phrases, committed)
         return
     if ahead is not None:  # a resume later in the generation keeps the count of its start
         stats.drafted_ahead = len(ahead.tokens)
@@ -114,7 +116,7 @@ def collaborate(
         if s0_here else None
     yield from SteeredRounds(
         specialist, local, s0, params, link, stats, rng, mode, guard=guard, written=committed,
-        ahead=ahead, openings=openings,
+        ahead=ahead, phrases=phrases,
     ).tokens()
 
 
@@ -140,12 +142,12 @@ class SteeredRounds:
         guard: LeakGuard | None = None,
         written: list[int] | None = None,
         ahead: Drafted | None = None,
-        openings: Sequence[Sequence[int]],
+        phrases: PhraseIds,
     ) -> None:
         self.local, self.s0, self.params, self.link = local, s0, params, link
         self.stats, self.rng, self.mode = stats, rng, mode
         self.eos = specialist.tokenizer.eos_ids
-        self.openings = openings
+        self.phrases = phrases
         self.pipeline = params.pipeline and params.temperature <= 0
         self.sizer = DraftLength(params.k, 1, params.k_max, self.pipeline) \
             if params.adaptive_k else None
@@ -318,7 +320,7 @@ class SteeredRounds:
         return guess
 
     def _bans(self, position: int, context: list[int], row: np.ndarray) -> frozenset[int]:
-        return bans(self.params, self.eos, position, context, row, openings=self.openings)
+        return bans(self.params, self.eos, position, context, row, phrases=self.phrases)
 
     def _bans_after(
         self, position: int, context: list[int]
@@ -383,12 +385,12 @@ def row_tokens(
     stats: DecodeStats,
     rng: np.random.Generator | None,
     eos: frozenset[int],
-    openings: Sequence[Sequence[int]],
+    phrases: PhraseIds,
     written: Sequence[int] = (),
 ) -> Iterator[tuple[int, str]]:
     """Per-token baselines: LLM alone, LightCoSteer and CoSteer over the companion's top-k row.
     `written`: the output before this session (a resume); the rules see the whole output.
-    `openings`: the ids of `params.meta_openings`."""
+    `phrases`: the banned phrases' ids (`meta_answers.phrase_ids`)."""
     committed: list[int] = []
     committed_all: list[int] = []  # every token of this session: the minimum length counts them
     needs_local = params.method != "llm"
@@ -416,7 +418,7 @@ def row_tokens(
         # the Specialist (which sees the user's texts) for the steered baselines
         banned = bans(params, eos, len(committed_all), [*written, *committed_all],
                       *((logp_g, ids) if params.method == "llm" else (local.row,)),
-                      openings=openings)
+                      phrases=phrases)
         if banned:
             scores = np.where(np.isin(ids, list(banned)), -np.inf, scores)
         token = steer.pick(ids, scores, params.temperature, rng) \

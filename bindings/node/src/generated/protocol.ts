@@ -186,6 +186,18 @@ export interface DecodingOptions {
    * @maxItems 64
    */
   assistant_openings?: string[];
+  /**
+   * phrases the text may not contain anywhere (the token that would complete one is never chosen); default: none
+   *
+   * @maxItems 64
+   */
+  banned_phrases?: string[];
+  /**
+   * phrases of an assistant's voice the text may not contain anywhere unless the user's own retrieved texts use them ("As an AI", "feel free to ask", "**" for markdown bold); decided on the device; default: the SDK's English list (specsteer.meta_answers.ASSISTANT_PHRASES); [] turns the rule off
+   *
+   * @maxItems 64
+   */
+  assistant_phrases?: string[];
 }
 export interface GenerateResult {
   text: string;
