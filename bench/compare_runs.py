@@ -15,6 +15,9 @@ made by e.g.
       --alpha 2 --out runs/abs-a2
 
     python bench/compare_runs.py runs/abs-a1 runs/abs-a2
+
+`--users-from N` keeps the users from the N-th on (in the first folder's order, the data set's):
+a setting chosen on the first users is then checked on users it was not chosen on.
 """
 
 from __future__ import annotations
@@ -55,16 +58,23 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("folders", type=Path, nargs="+",
                         help="results folders of one task; the first is the reference")
+    parser.add_argument("--users-from", type=int, default=1, metavar="N",
+                        help="only the users from the N-th on, in the first folder's order")
     args = parser.parse_args()
+    if args.users_from < 1:
+        parser.error("--users-from counts from 1")
     configs = [json.loads((folder / RUN_CONFIG).read_text(encoding="utf-8"))
                for folder in args.folders]
     if len({config["task"] for config in configs}) != 1:
         parser.error("the folders hold more than one task")
     names = labels(configs)
     found = [read_results(folder / RESULTS) for folder in args.folders]
+    kept = set(list(dict.fromkeys(row["user"] for row in found[0]))[args.users_from - 1:])
+    found = [[row for row in rows if row["user"] in kept] for rows in found]
     methods = [m for m in dict.fromkeys(row["method"] for row in found[0])
                if all(any(row["method"] == m for row in rows) for rows in found[1:])]
-    print(f"task {configs[0]['task']}; each run against `{names[0]}` on the same users")
+    since = f" (users {args.users_from} on)" if args.users_from > 1 else ""
+    print(f"task {configs[0]['task']}; each run against `{names[0]}` on the same users{since}")
     print("| method | run | users | ROUGE-1 | ROUGE-L | acceptance % | tokens | length ratio "
           "(median) | loops | texts changed | ROUGE-1 − first | ROUGE-L − first |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")

@@ -128,6 +128,12 @@ def test_compare_runs_labels_runs_by_the_setting_that_differs(app, tmp_path, cap
                                           ["| specsteer@0.5", "alpha=2.0", "2"]]  # no slm_rag
     assert rows[0][-2:] == ["–", "– |"] and rows[1][-2].startswith(("+", "-"))
     assert rows[1][9].isdigit() and rows[0][8].endswith("/2")
+    # a setting chosen on the first users, checked on the later ones
+    monkeypatch.setattr(sys, "argv", ["compare_runs.py", str(one), str(two), "--users-from", "2"])
+    runpy.run_path(str(script), run_name="__main__")
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].endswith("on the same users (users 2 on)")
+    assert [line.split(" | ")[2] for line in lines if line.startswith("| specsteer")] == ["1", "1"]
 
 
 def test_compare_runs_counts_a_verbatim_loop():
