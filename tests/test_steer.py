@@ -449,6 +449,15 @@ def test_repeated_ngram_bans_names_the_tokens_that_would_repeat_an_ngram():
     assert repeated_ngram_bans([9], 2) == frozenset()
 
 
+def test_a_loop_rule_lets_an_ngram_come_back_once_and_not_twice():
+    twice = [1, 2, 3, 9, 1, 2, 3, 8, 1, 2, 3]  # "1 2 3" then 9 once, then 8 once
+    assert repeated_ngram_bans(twice, 4, times=2) == frozenset()
+    thrice = [1, 2, 3, 9, 1, 2, 3, 9, 1, 2, 3]  # "1 2 3 9" twice: no third time
+    assert repeated_ngram_bans(thrice, 4, times=2) == {9}
+    assert repeated_ngram_bans(thrice, 4) == {9}
+    assert repeated_ngram_bans(thrice, 0, times=2) == frozenset()
+
+
 def test_end_probability_of_a_full_row_and_of_the_companion_s_top_k() -> None:
     eos = frozenset({3, 4})
     probs = np.array([0.1, 0.2, 0.1, 0.35, 0.25])

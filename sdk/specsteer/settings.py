@@ -79,6 +79,9 @@ class Params:
     # ROUGE-1 [+0.20, +1.74], looping texts 7 -> 5; 8 abstracts: SLM+RAG +1.39; 20 tweets: no
     # text changed; docs/BENCHMARKS.md, "Fourth pass")
     no_repeat_ngram: int = 8
+    # ...and no n-gram of this length a third time (0: off): paraphrase loops ("We can make
+    # sure they are safe. We can make sure they are alive. …") repeat short n-grams, not 8-grams
+    loop_ngram: int = 0
     # phrases the output may not open with: meta answers ("I'm sorry, but I can't assist …";
     # `meta_answers`); device-only; () turns the rule off
     meta_openings: tuple[str, ...] = META_OPENINGS
@@ -140,6 +143,8 @@ class Params:
                 raise ValueError(f"{name} must be a tuple of non-empty strings")
         if self.no_repeat_ngram < 0 or self.no_repeat_ngram == 1:
             raise ValueError("no_repeat_ngram must be 0 (off) or at least 2")
+        if self.loop_ngram < 0 or self.loop_ngram == 1:
+            raise ValueError("loop_ngram must be 0 (off) or at least 2")
         if self.adaptive_k and not 1 <= self.k <= self.k_max:
             raise ValueError("adaptive_k needs 1 <= k <= k_max")
 

@@ -14,6 +14,7 @@ Conventions: ties go to the lowest index; `-inf` means "impossible" and survives
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -347,20 +348,22 @@ def phrase_bans(output: Sequence[int], phrases: Sequence[Sequence[int]]) -> froz
                      and tuple(output[len(output) - len(seq) + 1:]) == tuple(seq[:-1]))
 
 
-def repeated_ngram_bans(output: Sequence[int], n: int) -> frozenset[int]:
-    """Tokens that would complete an n-gram already in `output` (none when n < 2).
+def repeated_ngram_bans(output: Sequence[int], n: int, times: int = 1) -> frozenset[int]:
+    """Tokens that would complete an n-gram already in `output` `times` times (none when
+    n < 2).
 
     Greedy decoding of small models loops ("The essay is written in a way ... The essay is
     written in a way ..."); banning a repeat of any n-gram of the generation's own output (not
     of the prompt, so the user's phrases stay reachable) stops a verbatim loop after n-1 tokens.
+    With `times` 2 a shorter n-gram may come back once: the third "We can make sure" of a
+    paraphrase loop is cut, a phrase used twice is not.
     """
     if n < 2 or len(output) < n:
         return frozenset()
     tail = list(output[len(output) - n + 1:])
-    return frozenset(
-        int(output[i + n - 1]) for i in range(len(output) - n + 1)
-        if list(output[i:i + n - 1]) == tail
-    )
+    seen = Counter(int(output[i + n - 1]) for i in range(len(output) - n + 1)
+                   if list(output[i:i + n - 1]) == tail)
+    return frozenset(token for token, count in seen.items() if count >= times)
 
 
 def without(steer: SparseSteer, ids: frozenset[int]) -> SparseSteer | None:

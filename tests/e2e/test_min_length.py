@@ -8,6 +8,8 @@ without a minimum the generation stops there, with one it must go on past it.
 
 from __future__ import annotations
 
+from collections import Counter
+
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -171,6 +173,11 @@ def test_no_repeat_ngram_keeps_every_method_out_of_loops(tiny_model, tiny_genera
         assert guarded != free
 
 
+def _thrice(tokens: list[int], n: int) -> bool:
+    grams = Counter(tuple(tokens[i:i + n]) for i in range(len(tokens) - n + 1))
+    return any(count > 2 for count in grams.values())
+
+
 def test_the_tiny_models_do_loop_without_the_rule(tiny_model, tiny_generalist):
     # keeps the test above meaningful: some method repeats a 3-gram when nothing stops it
     assert any(_repeats(_run(tiny_model, tiny_generalist,
@@ -228,6 +235,23 @@ def test_by_default_no_method_repeats_an_8_gram(tiny_model, tiny_generalist, met
                                                   no_repeat_ngram=0))
     assert _repeats(looping, 8)
     assert not _repeats(_run(specialist, generalist, Params(method=method, max_new_tokens=60)), 8)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_the_loop_rule_cuts_the_third_pass_of_a_loop(tiny_model, tiny_generalist, method):
+    """`loop_ngram` 4: models that loop through a 10-token sentence write none of its 4-grams
+    a third time (each may come back once)."""
+    cycle = list(range(40, 50))
+    specialist, generalist = _Cycling(tiny_model, cycle), _Cycling(tiny_generalist, cycle)
+    looping = _run(specialist, generalist, Params(method=method, max_new_tokens=60,
+                                                  no_repeat_ngram=0))
+    assert _thrice(looping, 4)
+    capped = _run(specialist, generalist, Params(method=method, max_new_tokens=60,
+                                                 no_repeat_ngram=0, loop_ngram=4))
+    assert not _thrice(capped, 4) and _repeats(capped, 4)  # once more is still allowed
+    for bad in (1, -1):
+        with pytest.raises(ValueError, match="loop_ngram"):
+            Params(loop_ngram=bad)
 
 
 @pytest.mark.parametrize("pipeline", [True, False])

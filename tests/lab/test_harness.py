@@ -161,9 +161,11 @@ def test_no_repeat_rule_reaches_every_method():
     from specsteer.settings import Params
 
     assert EvalConfig(task="tweet").no_repeat_ngram == Params().no_repeat_ngram
-    config = EvalConfig(task="tweet", no_repeat_ngram=6)
+    assert EvalConfig(task="tweet").loop_ngram == Params().loop_ngram
+    config = EvalConfig(task="tweet", no_repeat_ngram=6, loop_ngram=3)
     for name in ("slm_rag", "llm", "specsteer@0.5", "specsteer:fast"):
-        assert config.params(parse_method(name)).no_repeat_ngram == 6
+        params = config.params(parse_method(name))
+        assert (params.no_repeat_ngram, params.loop_ngram) == (6, 3)
 
 
 def test_end_release_and_meta_openings_reach_every_method():

@@ -72,6 +72,9 @@ def eval_command(
     no_repeat_ngram: Annotated[int | None, typer.Option(
         min=0, help="Never repeat an n-gram of the output, every method (0: off; default: the "
                     "SDK's Params default).")] = None,
+    loop_ngram: Annotated[int | None, typer.Option(
+        min=0, help="...nor write an n-gram of this length a third time (paraphrase loops; 0: "
+                    "off; default: the SDK's).")] = None,
     end_release: Annotated[float | None, typer.Option(
         min=0.0, max=1.0,
         help="Let end-of-text through before the user's minimum length when the deciding model "
@@ -120,6 +123,7 @@ def eval_command(
                             ban_assistant_phrases=ban_assistant_phrases,
                             **({} if no_repeat_ngram is None
                                else {"no_repeat_ngram": no_repeat_ngram}),
+                            **({} if loop_ngram is None else {"loop_ngram": loop_ngram}),
                             **({} if end_release is None else {"end_release": end_release}),
                             **({} if end_release_from is None
                                else {"end_release_from": end_release_from}))

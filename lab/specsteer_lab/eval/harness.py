@@ -128,6 +128,8 @@ class EvalConfig:
     costeer_iterations: int = 20
     # Never repeat an output n-gram (`Params.no_repeat_ngram`), the same for every method.
     no_repeat_ngram: int = Params().no_repeat_ngram
+    # ...nor one of this length a third time (`Params.loop_ngram`), the same for every method.
+    loop_ngram: int = Params().loop_ngram
     # An end-of-text before the user's minimum stands when the deciding model gives it more
     # than this (`Params.end_release`; 1: always held back), the same for every method.
     end_release: float = Params().end_release
@@ -156,7 +158,8 @@ class EvalConfig:
             raise EvalError(f"end_release_from must be in [0, 1], not {self.end_release_from}")
         try:  # the decoding settings every method shares: refused before any model loads
             Params(alpha=self.alpha, k=self.draft_k, top_k=self.top_k,
-                   no_repeat_ngram=self.no_repeat_ngram, end_release=self.end_release)
+                   no_repeat_ngram=self.no_repeat_ngram, loop_ngram=self.loop_ngram,
+                   end_release=self.end_release)
         except ValueError as exc:
             raise EvalError(str(exc)) from None
 
@@ -173,7 +176,8 @@ class EvalConfig:
         low, high = self.bounds(length)
         return Params(method=spec.method, gamma=spec.gamma, alpha=self.alpha, k=self.draft_k,
                       top_k=spec.top_k or self.top_k, max_new_tokens=high, min_new_tokens=low,
-                      no_repeat_ngram=self.no_repeat_ngram, end_release=self.end_release,
+                      no_repeat_ngram=self.no_repeat_ngram, loop_ngram=self.loop_ngram,
+                      end_release=self.end_release,
                       end_release_after=release_point(low, self.end_release_from),
                       meta_openings=Params().meta_openings if self.ban_meta_openings else (),
                       assistant_openings=(Params().assistant_openings

@@ -53,6 +53,7 @@ def bans(params: Params, eos: frozenset[int], position: int, context: list[int],
         position < params.release_after
         or steer.end_probability(row, eos, ids) <= params.end_release)
     rules = steer.repeated_ngram_bans(context, params.no_repeat_ngram) \
+        | steer.repeated_ngram_bans(context, params.loop_ngram, times=2) \
         | steer.opening_bans(context, phrases.openings) \
         | steer.phrase_bans(context, phrases.anywhere)
     return eos | rules if held else rules

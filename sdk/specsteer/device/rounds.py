@@ -47,7 +47,7 @@ def first_draft_key(params: Params) -> tuple[object, ...] | None:
         return None
     size = budget(params, params.k, 0)  # end-of-text is banned at the positions below:
     return (size, min(params.min_new_tokens, size), min(params.release_after, size),
-            params.end_release, params.no_repeat_ngram, params.meta_openings,
+            params.end_release, params.no_repeat_ngram, params.loop_ngram, params.meta_openings,
             params.banned_phrases)
 
 
