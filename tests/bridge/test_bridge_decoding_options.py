@@ -42,6 +42,28 @@ def test_no_repeat_ngram_reaches_the_decoder(spawn, tiny_model) -> None:
     assert bridge.close() == 0
 
 
+def test_loop_ngram_reaches_the_decoder(spawn, tiny_model) -> None:
+    """With the 8-gram rule off, this note's 300-token continuation writes some token pair three
+    times or more; with loop_ngram=2 the bridge's text is the Client's, which never does."""
+    def thrice(ids: list[int]) -> bool:
+        pairs = [tuple(ids[i:i + 2]) for i in range(len(ids) - 1)]
+        return any(pairs.count(pair) > 2 for pair in pairs)
+
+    off = {"max_new_tokens": 300, "no_repeat_ngram": 0}
+    plain = Client(tiny_model).generate(QUERY["query"], task="note", **off)
+    capped = Client(tiny_model).generate(QUERY["query"], task="note", loop_ngram=2, **off)
+    assert thrice(list(plain.tokens)) and not thrice(list(capped.tokens))
+    bridge = spawn()
+    params = {**QUERY, **off, "loop_ngram": 2}
+    assert_valid("generate", "params", params)
+    assert_valid("prepare", "params", params)
+    assert bridge.call("generate", params)["result"]["text"] == capped.text != plain.text
+    for bad in (1, -1, 2.5, "4"):
+        answer = bridge.call("generate", {**QUERY, "loop_ngram": bad})
+        assert answer["error"]["code"] == errors.INVALID_PARAMS, bad
+    assert bridge.close() == 0
+
+
 def test_leak_guard_is_validated_and_its_counts_are_in_the_stats(spawn, companion_url) -> None:
     bridge = spawn("--companion", companion_url)
     params = {**QUERY, "max_new_tokens": 24, "offline": "fail", "leak_guard": "redact"}

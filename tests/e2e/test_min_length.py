@@ -9,7 +9,6 @@ without a minimum the generation stops there, with one it must go on past it.
 from __future__ import annotations
 
 from collections import Counter
-
 from dataclasses import dataclass, replace
 
 import numpy as np

@@ -163,9 +163,13 @@ export interface DecodingOptions {
   top_p?: number;
   seed?: number;
   /**
-   * never repeat an n-gram of this length in the output (a device-only rule that stops greedy decoding from looping); 0 (the default) is off, otherwise at least 2
+   * never repeat an n-gram of this length in the output (a device-only rule that stops greedy decoding from looping); default 8 (the SDK's), 0 is off, otherwise at least 2
    */
   no_repeat_ngram?: number;
+  /**
+   * never write an n-gram of this length a third time (paraphrase loops; a device-only rule); 0 (the default) is off, otherwise at least 2; measured at 4 it ends loops but models respell words to get past it (docs/BENCHMARKS.md)
+   */
+  loop_ngram?: number;
   /**
    * what a draft that copies private history verbatim does: allow (sent, counted; the default), redact (cut from the draft), hold (the rest is written on the device alone); the counts are in stats.leak_flagged / leak_redacted / leak_held
    */
