@@ -1,6 +1,6 @@
 // The Node client against a real `specsteer bridge` and a real companion (tiny models).
 import assert from "node:assert/strict";
-import { mkdtempSync } from "node:fs";
+import { mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { after, before, test } from "node:test";
@@ -16,8 +16,9 @@ after(async () => { await companion?.kill(); });
 // paced 20 ms a piece: the tiny model may reach end-of-text early, in well under a second
 const LONG = { query: "Budget for the next quarter", max_new_tokens: 1500, min_token_ms: 20 };
 
-test("generate streams pieces with provenance; complete, history, prepare", async () => {
+test("generate streams pieces with provenance; complete, history, prepare", async (t) => {
   const dir = mkdtempSync(join(tmpdir(), "specsteer-node-"));
+  t.after(() => rmSync(dir, { recursive: true, force: true }));
   const client = await SpecSteerClient.start(clientOptions(
     "--companion", companion.url, "--history", join(dir, "h.db")));
   try {

@@ -1,7 +1,7 @@
 // `specsteer bridge --http` driven by the official `openai` npm client (which nobody here wrote):
 // a real bridge, started by SpecSteerClient with --http, and a real companion (tiny models).
 import assert from "node:assert/strict";
-import { mkdtempSync, readFileSync, statSync } from "node:fs";
+import { mkdtempSync, readFileSync, rmSync, statSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { after, before, test } from "node:test";
@@ -15,10 +15,12 @@ const MESSAGES = [{ role: "user", content: "Budget for the next quarter" }];
 let companion;
 let bridge;
 let openai;
+let tokenDir;
 
 before(async () => {
   companion = await startCompanion();
-  const tokenFile = join(mkdtempSync(join(tmpdir(), "specsteer-http-")), "token");
+  tokenDir = mkdtempSync(join(tmpdir(), "specsteer-http-"));
+  const tokenFile = join(tokenDir, "token");
   bridge = await SpecSteerClient.start(clientOptions("--companion", companion.url,
     "--http", "127.0.0.1:0", "--http-token-file", tokenFile));
   assert.match(bridge.info.http, /^http:\/\/127\.0\.0\.1:\d+\/v1$/);
@@ -29,6 +31,7 @@ before(async () => {
 after(async () => {
   await bridge?.close();
   await companion?.kill();
+  if (tokenDir) rmSync(tokenDir, { recursive: true, force: true });
 });
 
 /** The bridge's status once `done(status)`; fails after 30 s. */

@@ -1,7 +1,7 @@
 // The TypeScript types cannot drift from the protocol's JSON Schemas: src/generated/protocol.ts
 // must be exactly what json-schema-to-typescript makes of bindings/schema/v1 today.
 import assert from "node:assert/strict";
-import { cpSync, mkdtempSync, readFileSync, writeFileSync } from "node:fs";
+import { cpSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { dirname, join } from "node:path";
 import { test } from "node:test";
@@ -16,8 +16,9 @@ test("src/generated/protocol.ts is what the schemas give (run npm run generate)"
     "the schemas changed and the TypeScript types did not follow: run npm run generate");
 });
 
-test("a schema change changes the generated types", async () => {
+test("a schema change changes the generated types", async (t) => {
   const dir = mkdtempSync(join(tmpdir(), "specsteer-schema-"));
+  t.after(() => rmSync(dir, { recursive: true, force: true }));
   cpSync(SCHEMA_DIR, dir, { recursive: true });
   const path = join(dir, "generate.piece.json");
   const piece = JSON.parse(readFileSync(path, "utf8"));
