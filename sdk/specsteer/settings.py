@@ -23,6 +23,8 @@ from specsteer.steer import SELECTS
 _WIRE = SessionSettings()  # the method's defaults, written once (protocol.SessionSettings)
 
 LEAK_GUARDS = ("allow", "redact", "hold")
+# the `Params` fields that hold phrase lists (tuples of non-empty strings)
+PHRASE_FIELDS = ("meta_openings", "assistant_openings", "banned_phrases", "assistant_phrases")
 METHODS = ("slm", "slm_rag", "llm", "speculative", "light_costeer", "costeer", "specsteer")
 LOCAL_METHODS = ("slm", "slm_rag")
 # Share of the user's minimum length before which an end-of-text is never released: asked for
@@ -136,8 +138,7 @@ class Params:
             raise ValueError("end_release must be in (0, 1]")
         if self.end_release_after is not None and self.end_release_after < 0:
             raise ValueError("end_release_after must be None or >= 0")
-        for name in ("meta_openings", "assistant_openings", "banned_phrases",
-                     "assistant_phrases"):
+        for name in PHRASE_FIELDS:
             phrases = getattr(self, name)
             if not isinstance(phrases, tuple) or not all(isinstance(p, str) and p for p in phrases):
                 raise ValueError(f"{name} must be a tuple of non-empty strings")

@@ -34,6 +34,7 @@ from specsteer.client import Client, Piece, Result
 from specsteer.device import PRESETS, ModeChange, Params
 from specsteer.history import HistoryStore, task_names
 from specsteer.protocol import describe_frame
+from specsteer.settings import PHRASE_FIELDS
 
 log = logging.getLogger("specsteer.bridge")
 RequestId = str | int
@@ -48,7 +49,6 @@ DECODING_OPTIONS = ("preset", "method", "max_new_tokens", "temperature", "gamma"
                     "adaptive_k", "top_k", "top_p", "seed", "no_repeat_ngram", "loop_ngram",
                     "leak_guard", "end_release", "meta_openings", "assistant_openings",
                     "banned_phrases", "assistant_phrases")
-PHRASE_LISTS = ("meta_openings", "assistant_openings", "banned_phrases", "assistant_phrases")
 # what only a stream takes besides them (`query` and `task` are positional)
 _STREAM_OPTIONS = (*DECODING_OPTIONS, "stop", "offline", "before", "prefix")
 
@@ -348,7 +348,7 @@ def _options(params: dict[str, Any], names: tuple[str, ...]) -> dict[str, Any]:
     options = {name: params[name] for name in names if name in params}
     if options.get("preset") == "default":
         options.pop("preset")
-    for name in PHRASE_LISTS:  # JSON lists; Params keeps tuples
+    for name in PHRASE_FIELDS:  # JSON lists; Params keeps tuples
         if name in options:
             options[name] = tuple(options[name])
     return options
