@@ -145,6 +145,61 @@ def test_compare_runs_counts_a_verbatim_loop():
     assert not loops("a text that says one thing and then says another thing entirely")
 
 
+def test_history_ceiling_pairs_the_llm_with_the_generalist_reading_the_history(
+        app, tmp_path, capsys, monkeypatch):
+    """bench/history_ceiling.py: the reference is SLM+RAG with the run's Generalist."""
+    import runpy
+    import sys
+
+    runner = CliRunner()
+    run, reference, wrong = tmp_path / "run", tmp_path / "ref", tmp_path / "wrong"
+    assert runner.invoke(app, _args(run, "llm", "specsteer@0.5")).exit_code == 0
+    args = _args(reference, "slm_rag")
+    args[args.index("--specialist") + 1] = args[args.index("--generalist") + 1]
+    assert runner.invoke(app, args).exit_code == 0
+    script = str(Path(__file__).parents[2] / "bench" / "history_ceiling.py")
+    monkeypatch.setattr(sys, "argv", ["history_ceiling.py", str(run), str(reference)])
+    runpy.run_path(script, run_name="__main__")
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[1] == "2 users"
+    rows = {row.split(" | ")[0][2:]: row.split(" | ") for row in lines if row.startswith("| ")}
+    assert set(rows) == {"method", "llm", "specsteer@0.5", "Generalist reading the history"}
+    assert rows["llm"][3:] == ["–", "–", "–", "– |"]
+    reference_row = rows["Generalist reading the history"]
+    assert reference_row[3].startswith(("+", "-")) and reference_row[5:] == ["–", "– |"]
+    assert all(cell.startswith(("+", "-")) for cell in rows["specsteer@0.5"][3:])
+    # the reference's own numbers are the SLM+RAG run's, relabelled
+    ref_rows = [json.loads(line) for line in (reference / "results.jsonl").read_text().splitlines()]
+    mean = 100 * sum(row["rouge1"] for row in ref_rows) / len(ref_rows)
+    assert reference_row[1] == f"{mean:.2f}"
+    # a reference whose Specialist is not the run's Generalist is refused in one line
+    assert runner.invoke(app, _args(wrong, "slm_rag")).exit_code == 0
+    monkeypatch.setattr(sys, "argv", ["history_ceiling.py", str(run), str(wrong)])
+    with pytest.raises(SystemExit, match="is not the run's Generalist"):
+        runpy.run_path(script, run_name="__main__")
+    # ...and so is one made with other decoding settings
+    args = _args(tmp_path / "longer", "slm_rag")
+    args[args.index("--specialist") + 1] = args[args.index("--generalist") + 1]
+    args[args.index("--max-new-tokens") + 1] = "6"
+    assert runner.invoke(app, args).exit_code == 0
+    monkeypatch.setattr(sys, "argv", ["history_ceiling.py", str(run), str(tmp_path / "longer")])
+    with pytest.raises(SystemExit, match="differ in max_new_tokens"):
+        runpy.run_path(script, run_name="__main__")
+
+
+def test_history_ceiling_accepts_a_setting_added_after_the_run():
+    """A key only one run.json has is a setting added later, at its old behaviour (the sixth
+    pass's folders have no loop_ngram); a key both have must agree."""
+    import runpy
+
+    check = runpy.run_path(str(Path(__file__).parents[2] / "bench" / "history_ceiling.py")
+                           )["check_pairing"]
+    run = {"task": "email", "alpha": 1.0, "generalist_sha256": "g", "specialist_sha256": "s"}
+    check(run, {**run, "specialist_sha256": "g", "loop_ngram": 0})
+    with pytest.raises(SystemExit, match="differ in alpha"):
+        check(run, {**run, "specialist_sha256": "g", "alpha": 2.0})
+
+
 def test_eval_runs_a_preset_and_the_no_repeat_rule(app, tmp_path):
     out = tmp_path / "run"
     result = CliRunner().invoke(app, [*_args(out, "specsteer:fast", "specsteer@0.1"),
