@@ -19,6 +19,7 @@ from specsteer.steer import (
     fuse,
     light_costeer,
     log_softmax,
+    loops,
     opening_bans,
     phrase_bans,
     pick,
@@ -489,3 +490,13 @@ def test_phrase_bans_the_token_that_completes_a_phrase_anywhere() -> None:
     assert phrase_bans([6], phrases) == {4, 9}  # a phrase from the first token
     assert phrase_bans([5, 8, 6], phrases[:1]) == frozenset()  # only the phrase's own tail
     assert phrase_bans([5, 6], []) == frozenset()
+
+
+def test_loops_marks_the_third_time_of_the_last_ngram():
+    sentence = [5, 6, 7, 8, 9]
+    assert not loops(sentence * 2, 4)  # a sentence said twice is not yet a loop
+    assert not loops(sentence * 2 + [5, 6, 7], 4)
+    assert loops(sentence * 2 + [5, 6, 7, 8], 4)  # "5 6 7 8" the third time
+    assert not loops(sentence * 3 + [1], 4)  # only the last n-gram counts
+    assert not loops(sentence * 3, 0) and not loops([1, 1], 4)
+    assert loops(sentence * 2 + [5, 6, 7, 8], 4, times=2)

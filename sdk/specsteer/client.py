@@ -83,6 +83,7 @@ class GenerationStats:
     session_reused: bool = False  # the companion session `prepare` opened was used as it was
     drafted_ahead: int = 0  # tokens of the first round's draft `prepare` made after the prefill
     cancelled: bool = False  # stopped by the caller's cancel event
+    loop_ended: bool = False  # `loop_end_ngram` ended a looping text at a sentence end
     records: tuple[str, ...] = ()
     truncated: tuple[str, ...] = ()
     # the leak guard (Params.leak_guard): private spans it found in what was about to leave;
@@ -437,6 +438,7 @@ class Client:
                     offline_reason=stats.offline_reason, reconnects=stats.reconnects,
                     resyncs=stats.resyncs,
                     pipelined=stats.pipelined, cancelled=stats.cancelled,
+                    loop_ended=stats.loop_ended,
                     prefill_reused=reused, prefill_tokens=to_prefill,
                     warm_tokens=stats.warm_tokens, switch_s=stats.switch_s,
                     session_reused=stats.session_reused, drafted_ahead=stats.drafted_ahead,

@@ -84,6 +84,10 @@ class Params:
     # ...and no n-gram of this length a third time (0: off): paraphrase loops ("We can make
     # sure they are safe. We can make sure they are alive. …") repeat short n-grams, not 8-grams
     loop_ngram: int = 0
+    # ...or end the text at the first sentence end after an n-gram of this length came a third
+    # time (0: off): nothing is banned, so nothing is respelled; the loop stops where a
+    # sentence does (device-only; `steer.loops`)
+    loop_end_ngram: int = 0
     # phrases the output may not open with: meta answers ("I'm sorry, but I can't assist …";
     # `meta_answers`); device-only; () turns the rule off
     meta_openings: tuple[str, ...] = META_OPENINGS
@@ -146,6 +150,8 @@ class Params:
             raise ValueError("no_repeat_ngram must be 0 (off) or at least 2")
         if self.loop_ngram < 0 or self.loop_ngram == 1:
             raise ValueError("loop_ngram must be 0 (off) or at least 2")
+        if self.loop_end_ngram < 0 or self.loop_end_ngram == 1:
+            raise ValueError("loop_end_ngram must be 0 (off) or at least 2")
         if self.adaptive_k and not 1 <= self.k <= self.k_max:
             raise ValueError("adaptive_k needs 1 <= k <= k_max")
 

@@ -34,6 +34,7 @@ __all__ = [
     "fuse",
     "light_costeer",
     "log_softmax",
+    "loops",
     "nucleus",
     "opening_bans",
     "phrase_bans",
@@ -364,6 +365,17 @@ def repeated_ngram_bans(output: Sequence[int], n: int, times: int = 1) -> frozen
     seen = Counter(int(output[i + n - 1]) for i in range(len(output) - n + 1)
                    if list(output[i:i + n - 1]) == tail)
     return frozenset(token for token, count in seen.items() if count >= times)
+
+
+def loops(output: Sequence[int], n: int, times: int = 3) -> bool:
+    """Whether the last n-gram of `output` is at least its `times`-th occurrence there (False
+    when n < 2): the text has started going round. A paraphrase loop ("We can make sure they
+    are safe. We can make sure they are alive. …") repeats short n-grams, so a 4-gram seen a
+    third time marks it where an 8-gram rule sees nothing."""
+    if n < 2 or len(output) < n:
+        return False
+    last = list(output[len(output) - n:])
+    return sum(list(output[i:i + n]) == last for i in range(len(output) - n + 1)) >= times
 
 
 def without(steer: SparseSteer, ids: frozenset[int]) -> SparseSteer | None:

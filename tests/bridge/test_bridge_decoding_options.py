@@ -64,6 +64,27 @@ def test_loop_ngram_reaches_the_decoder(spawn, tiny_model) -> None:
     assert bridge.close() == 0
 
 
+def test_loop_end_ngram_reaches_the_decoder_and_the_stats(spawn, tiny_model) -> None:
+    """With the 8-gram rule off this note's continuation writes a token pair a third time and
+    later a "?": with loop_end_ngram=2 the Client's text ends there, and so does the bridge's,
+    whose stats say why."""
+    off = {"max_new_tokens": 300, "no_repeat_ngram": 0}
+    plain = Client(tiny_model).generate(QUERY["query"], task="note", **off)
+    ended = Client(tiny_model).generate(QUERY["query"], task="note", loop_end_ngram=2, **off)
+    assert ended.stats.loop_ended and not plain.stats.loop_ended
+    assert len(ended.tokens) < len(plain.tokens) and ended.text.endswith("?")
+    bridge = spawn()
+    params = {**QUERY, **off, "loop_end_ngram": 2}
+    assert_valid("generate", "params", params)
+    assert_valid("prepare", "params", params)
+    answer = bridge.call("generate", params)["result"]
+    assert answer["text"] == ended.text and answer["stats"]["loop_ended"] is True
+    for bad in (1, -1, 2.5, "4"):
+        answer = bridge.call("generate", {**QUERY, "loop_end_ngram": bad})
+        assert answer["error"]["code"] == errors.INVALID_PARAMS, bad
+    assert bridge.close() == 0
+
+
 def test_leak_guard_is_validated_and_its_counts_are_in_the_stats(spawn, companion_url) -> None:
     bridge = spawn("--companion", companion_url)
     params = {**QUERY, "max_new_tokens": 24, "offline": "fail", "leak_guard": "redact"}

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from declared import StopsAt, WithTokenizer, Writes
 
-from specsteer.device import METHODS, DevicePrompt, Params, decode
+from specsteer.device import METHODS, DecodeStats, DevicePrompt, Params, decode
 from specsteer.link import CompanionLink
 from specsteer_companion.local import LocalChannel
 from specsteer_companion.verifier import Verifier
@@ -24,7 +24,7 @@ PRIVATE = "Earlier notes: the budget stays flat; revised draft by Friday.\nWrite
 PUBLIC = "Write a budget note."
 
 
-def _run(specialist, generalist, params: Params) -> list[int]:
+def _run(specialist, generalist, params: Params, stats: DecodeStats | None = None) -> list[int]:
     tok = specialist.tokenizer
     prompt = DevicePrompt(tok.encode(PRIVATE), tok.encode(PUBLIC))
     link = None
@@ -32,7 +32,7 @@ def _run(specialist, generalist, params: Params) -> list[int]:
         real = specialist.base if isinstance(specialist, WithTokenizer) else specialist
         link = CompanionLink(LocalChannel.for_verifier(Verifier(generalist, real)))
         link.hello()
-    tokens = [e.token for e in decode(specialist, prompt, params, link)]
+    tokens = [e.token for e in decode(specialist, prompt, params, link, stats)]
     if link is not None:
         link.close()
     return tokens
@@ -251,6 +251,35 @@ def test_the_loop_rule_cuts_the_third_pass_of_a_loop(tiny_model, tiny_generalist
     for bad in (1, -1):
         with pytest.raises(ValueError, match="loop_ngram"):
             Params(loop_ngram=bad)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_a_looping_text_ends_at_the_sentence_end_after_its_third_pass(tiny_model,
+                                                                      tiny_generalist, method):
+    """`loop_end_ngram` 4: models that loop through a 10-token sentence ending in "." stop at
+    the "." that closes the third pass (the first 4-gram's third time comes at its start), in
+    every method, with nothing banned: the text is the loop's, cut, not respelled."""
+    period = tiny_model.tokenizer.encode(".")
+    assert len(period) == 1
+    cycle = [*range(40, 49), period[0]]
+    specialist, generalist = _Cycling(tiny_model, cycle), _Cycling(tiny_generalist, cycle)
+    free = Params(method=method, max_new_tokens=60, no_repeat_ngram=0)
+    looping = _run(specialist, generalist, free)
+    assert len(looping) == 60
+    stats = DecodeStats()
+    ended = _run(specialist, generalist, replace(free, loop_end_ngram=4), stats)
+    start = looping.index(cycle[0])
+    assert ended == looping[:start + 30] and ended[-1] == period[0]
+    assert stats.loop_ended and stats.tokens == len(ended)
+    # without a sentence end the loop is never cut mid-sentence: it runs to the budget
+    endless = [*range(40, 50)]
+    specialist, generalist = _Cycling(tiny_model, endless), _Cycling(tiny_generalist, endless)
+    stats = DecodeStats()
+    assert len(_run(specialist, generalist, replace(free, loop_end_ngram=4), stats)) == 60
+    assert not stats.loop_ended
+    for bad in (1, -1):
+        with pytest.raises(ValueError, match="loop_end_ngram"):
+            Params(loop_end_ngram=bad)
 
 
 @pytest.mark.parametrize("pipeline", [True, False])

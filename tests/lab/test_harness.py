@@ -162,10 +162,13 @@ def test_no_repeat_rule_reaches_every_method():
 
     assert EvalConfig(task="tweet").no_repeat_ngram == Params().no_repeat_ngram
     assert EvalConfig(task="tweet").loop_ngram == Params().loop_ngram
-    config = EvalConfig(task="tweet", no_repeat_ngram=6, loop_ngram=3)
+    assert EvalConfig(task="tweet").loop_end_ngram == Params().loop_end_ngram
+    config = EvalConfig(task="tweet", no_repeat_ngram=6, loop_ngram=3, loop_end_ngram=5)
     for name in ("slm_rag", "llm", "specsteer@0.5", "specsteer:fast"):
         params = config.params(parse_method(name))
-        assert (params.no_repeat_ngram, params.loop_ngram) == (6, 3)
+        assert (params.no_repeat_ngram, params.loop_ngram, params.loop_end_ngram) == (6, 3, 5)
+    with pytest.raises(EvalError, match="loop_end_ngram"):
+        EvalConfig(task="tweet", loop_end_ngram=1)
 
 
 def test_end_release_and_meta_openings_reach_every_method():

@@ -75,6 +75,9 @@ def eval_command(
     loop_ngram: Annotated[int | None, typer.Option(
         min=0, help="...nor write an n-gram of this length a third time (paraphrase loops; 0: "
                     "off; default: the SDK's).")] = None,
+    loop_end_ngram: Annotated[int | None, typer.Option(
+        min=0, help="...or end the text at the next sentence end once an n-gram of this length "
+                    "came a third time (0: off; default: the SDK's).")] = None,
     end_release: Annotated[float | None, typer.Option(
         min=0.0, max=1.0,
         help="Let end-of-text through before the user's minimum length when the deciding model "
@@ -124,6 +127,8 @@ def eval_command(
                             **({} if no_repeat_ngram is None
                                else {"no_repeat_ngram": no_repeat_ngram}),
                             **({} if loop_ngram is None else {"loop_ngram": loop_ngram}),
+                            **({} if loop_end_ngram is None
+                               else {"loop_end_ngram": loop_end_ngram}),
                             **({} if end_release is None else {"end_release": end_release}),
                             **({} if end_release_from is None
                                else {"end_release_from": end_release_from}))

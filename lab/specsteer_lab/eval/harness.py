@@ -130,6 +130,9 @@ class EvalConfig:
     no_repeat_ngram: int = Params().no_repeat_ngram
     # ...nor one of this length a third time (`Params.loop_ngram`), the same for every method.
     loop_ngram: int = Params().loop_ngram
+    # ...or end the text at a sentence end once one of this length came a third time
+    # (`Params.loop_end_ngram`), the same for every method.
+    loop_end_ngram: int = Params().loop_end_ngram
     # An end-of-text before the user's minimum stands when the deciding model gives it more
     # than this (`Params.end_release`; 1: always held back), the same for every method.
     end_release: float = Params().end_release
@@ -159,7 +162,7 @@ class EvalConfig:
         try:  # the decoding settings every method shares: refused before any model loads
             Params(alpha=self.alpha, k=self.draft_k, top_k=self.top_k,
                    no_repeat_ngram=self.no_repeat_ngram, loop_ngram=self.loop_ngram,
-                   end_release=self.end_release)
+                   loop_end_ngram=self.loop_end_ngram, end_release=self.end_release)
         except ValueError as exc:
             raise EvalError(str(exc)) from None
 
@@ -177,7 +180,7 @@ class EvalConfig:
         return Params(method=spec.method, gamma=spec.gamma, alpha=self.alpha, k=self.draft_k,
                       top_k=spec.top_k or self.top_k, max_new_tokens=high, min_new_tokens=low,
                       no_repeat_ngram=self.no_repeat_ngram, loop_ngram=self.loop_ngram,
-                      end_release=self.end_release,
+                      loop_end_ngram=self.loop_end_ngram, end_release=self.end_release,
                       end_release_after=release_point(low, self.end_release_from),
                       meta_openings=Params().meta_openings if self.ban_meta_openings else (),
                       assistant_openings=(Params().assistant_openings

@@ -47,8 +47,8 @@ NOTIFICATIONS = ["generate.piece", "generate.mode", "generate.stats"]
 # draft, the companion session) is keyed by the settings the generate will use
 DECODING_OPTIONS = ("preset", "method", "max_new_tokens", "temperature", "gamma", "alpha", "k",
                     "adaptive_k", "top_k", "top_p", "seed", "no_repeat_ngram", "loop_ngram",
-                    "leak_guard", "end_release", "meta_openings", "assistant_openings",
-                    "banned_phrases", "assistant_phrases")
+                    "loop_end_ngram", "leak_guard", "end_release", "meta_openings",
+                    "assistant_openings", "banned_phrases", "assistant_phrases")
 # what only a stream takes besides them (`query` and `task` are positional)
 _STREAM_OPTIONS = (*DECODING_OPTIONS, "stop", "offline", "before", "prefix")
 

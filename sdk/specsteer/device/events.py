@@ -39,6 +39,7 @@ class DecodeStats:
     resyncs: int = 0  # dropped links replaced at once by a resumed session (no local token)
     pipelined: int = 0  # rounds whose draft was made while the previous one was verified
     cancelled: bool = False  # the caller's cancel event stopped the generation
+    loop_ended: bool = False  # `Params.loop_end_ngram` ended a looping text at a sentence end
     warm_tokens: int = 0  # Generalist tokens written during a warm start, before the switch
     switch_s: float | None = None  # seconds from the start until Draft-Verify-Recover took over
     session_reused: bool = False  # the companion session was opened ahead by `Client.prepare`

@@ -9,6 +9,7 @@ the drafts. Never the private prompt, never P_Sc.
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -87,6 +88,11 @@ def decode(
     yield from generation.run(link)
 
 
+# a token that ends a sentence: its text ends in . ! or ? (maybe closing a quote or bracket),
+# or holds a line break
+_SENTENCE_END = re.compile(r"[.!?][\"'\u201d\u2019)\]]*\s*$|\n")
+
+
 class _Generation:
     """The state of one `decode` call: tokens so far, the local track, the remote rounds."""
 
@@ -136,6 +142,7 @@ class _Generation:
             policy=params.leak_guard, n=params.leak_guard_n,
         )
         self.held = False  # the leak guard stopped collaboration for the rest of the generation
+        self.looping = False  # `params.loop_end_ngram` saw the output go round
 
     def run(self, link: CompanionLink | None) -> Iterator[TokenEvent]:
         try:
@@ -217,6 +224,18 @@ class _Generation:
             yield self._emit(token, provenance)
             if token in self.eos:
                 return
+            if self._loop_ends(token):
+                stats.loop_ended = True
+                return
+
+    def _loop_ends(self, token: int) -> bool:
+        """`params.loop_end_ngram`: the output has gone round and `token` ends a sentence."""
+        n = self.params.loop_end_ngram
+        if not n:
+            return False
+        self.looping = self.looping or steer.loops(self.out, n)
+        return self.looping and bool(_SENTENCE_END.search(
+            self.specialist.tokenizer.decode([token])))
 
     def _go_remote(self, link: CompanionLink) -> None:
         """Collaborate over `link` from here: the public prompt plus every token so far."""

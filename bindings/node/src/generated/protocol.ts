@@ -171,6 +171,10 @@ export interface DecodingOptions {
    */
   loop_ngram?: number;
   /**
+   * end the text at the first sentence end after an n-gram of this length came a third time (paraphrase loops; a device-only rule that bans nothing, so nothing is respelled); 0 (the default) is off, otherwise at least 2; stats.loop_ended says when it did
+   */
+  loop_end_ngram?: number;
+  /**
    * what a draft that copies private history verbatim does: allow (sent, counted; the default), redact (cut from the draft), hold (the rest is written on the device alone); the counts are in stats.leak_flagged / leak_redacted / leak_held
    */
   leak_guard?: "allow" | "redact" | "hold";
@@ -245,6 +249,10 @@ export interface GenerationStats {
   drafted_ahead?: number;
   switch_s?: number | null;
   cancelled?: boolean;
+  /**
+   * loop_end_ngram ended a looping text at a sentence end
+   */
+  loop_ended?: boolean;
   /**
    * private spans the leak guard found in what was about to leave
    */
