@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from specsteer_lab.eval.compare import interval_cell, mean_cell, paired_difference
-from specsteer_lab.eval.harness import RESULTS, RUN_CONFIG, read_results
+from specsteer_lab.eval.harness import RESULTS, read_results, read_run_config
 
 LOOP_NGRAM, LOOP_TIMES = 6, 3
 # settings that name the run rather than the decoding (never a label)
@@ -63,8 +63,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.users_from < 1:
         parser.error("--users-from counts from 1")
-    configs = [json.loads((folder / RUN_CONFIG).read_text(encoding="utf-8"))
-               for folder in args.folders]
+    configs = [read_run_config(folder) for folder in args.folders]
     if len({config["task"] for config in configs}) != 1:
         parser.error("the folders hold more than one task")
     names = labels(configs)

@@ -23,13 +23,12 @@ reference − LLM, and each SpecSteer label − LLM and − reference. No model 
 from __future__ import annotations
 
 import argparse
-import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from specsteer_lab.eval.compare import interval_cell, mean_cell, paired_difference
-from specsteer_lab.eval.harness import RESULTS, RUN_CONFIG, read_results
+from specsteer_lab.eval.harness import RESULTS, read_results, read_run_config
 
 REFERENCE = "Generalist reading the history"
 # run settings that may differ between the two folders (the reference has its own Specialist)
@@ -88,8 +87,7 @@ def main() -> None:
     parser.add_argument("reference", type=Path,
                         help="results folder of SLM+RAG with the run's Generalist as Specialist")
     args = parser.parse_args()
-    configs = [json.loads((folder / RUN_CONFIG).read_text(encoding="utf-8"))
-               for folder in (args.run, args.reference)]
+    configs = [read_run_config(folder) for folder in (args.run, args.reference)]
     check_pairing(*configs)
     rows = ceiling_rows(read_results(args.run / RESULTS), read_results(args.reference / RESULTS))
     if not rows:

@@ -18,19 +18,18 @@ acceptance by the same paired bootstrap). A difference whose 95 % interval exclu
 from __future__ import annotations
 
 import argparse
-import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from specsteer_lab.eval.compare import interval_cell, mean_cell, paired_difference
-from specsteer_lab.eval.harness import RESULTS, RUN_CONFIG, read_results
+from specsteer_lab.eval.harness import RESULTS, read_results, read_run_config
 from specsteer_lab.quality import Interval, paired_bootstrap
 
 
 def load_folder(folder: Path) -> tuple[str, int, list[dict[str, Any]]]:
     """(task, budget, rows) of one results folder."""
-    config = json.loads((folder / RUN_CONFIG).read_text(encoding="utf-8"))
+    config = read_run_config(folder)
     return config["task"], int(config["max_prompt_tokens"]), read_results(folder / RESULTS)
 
 

@@ -394,11 +394,16 @@ def row_key(row: dict[str, Any]) -> tuple[str, str]:
     return str(row["user"]), str(row["method"])
 
 
+def read_run_config(folder: str | os.PathLike[str]) -> dict[str, Any]:
+    """The settings a results folder was made with (its run.json)."""
+    return json.loads((Path(folder) / RUN_CONFIG).read_text(encoding="utf-8"))
+
+
 def check_run_config(out: Path, config: dict[str, Any]) -> None:
     """Write run.json, or refuse to mix rows of a different setup into an existing folder."""
     path = out / RUN_CONFIG
     if path.exists():
-        stored = json.loads(path.read_text(encoding="utf-8"))
+        stored = read_run_config(out)
         changed = sorted(key for key in config if stored.get(key) != config[key])
         if changed:
             raise EvalError(
