@@ -24,6 +24,13 @@ def _repeated(ids: list[int], n: int) -> int:
     return len(grams) - len(set(grams))
 
 
+def _refuses_bad_ngram_sizes(bridge: Any, option: str, as_text: str) -> None:
+    """An n-gram size of 1, below 0, fractional or written as text is an invalid-params error."""
+    for bad in (1, -1, 2.5, as_text):
+        answer = bridge.call("generate", {**QUERY, option: bad})
+        assert answer["error"]["code"] == errors.INVALID_PARAMS, bad
+
+
 def test_no_repeat_ngram_reaches_the_decoder(spawn, tiny_model) -> None:
     """On the tiny Specialist this note's greedy continuation repeats token pairs; with
     no_repeat_ngram=2 the bridge's text is the one a decoder that never repeats a pair writes."""
@@ -36,9 +43,7 @@ def test_no_repeat_ngram_reaches_the_decoder(spawn, tiny_model) -> None:
     assert_valid("generate", "params", params)
     assert bridge.call("generate", params)["result"]["text"] == banned.text
     assert bridge.call("generate", QUERY)["result"]["text"] == plain.text != banned.text
-    for bad in (1, -1, 2.5, "8"):
-        answer = bridge.call("generate", {**QUERY, "no_repeat_ngram": bad})
-        assert answer["error"]["code"] == errors.INVALID_PARAMS, bad
+    _refuses_bad_ngram_sizes(bridge, "no_repeat_ngram", "8")
     assert bridge.close() == 0
 
 
@@ -58,9 +63,7 @@ def test_loop_ngram_reaches_the_decoder(spawn, tiny_model) -> None:
     assert_valid("generate", "params", params)
     assert_valid("prepare", "params", params)
     assert bridge.call("generate", params)["result"]["text"] == capped.text != plain.text
-    for bad in (1, -1, 2.5, "4"):
-        answer = bridge.call("generate", {**QUERY, "loop_ngram": bad})
-        assert answer["error"]["code"] == errors.INVALID_PARAMS, bad
+    _refuses_bad_ngram_sizes(bridge, "loop_ngram", "4")
     assert bridge.close() == 0
 
 
@@ -79,9 +82,7 @@ def test_loop_end_ngram_reaches_the_decoder_and_the_stats(spawn, tiny_model) -> 
     assert_valid("prepare", "params", params)
     answer = bridge.call("generate", params)["result"]
     assert answer["text"] == ended.text and answer["stats"]["loop_ended"] is True
-    for bad in (1, -1, 2.5, "4"):
-        answer = bridge.call("generate", {**QUERY, "loop_end_ngram": bad})
-        assert answer["error"]["code"] == errors.INVALID_PARAMS, bad
+    _refuses_bad_ngram_sizes(bridge, "loop_end_ngram", "4")
     assert bridge.close() == 0
 
 
