@@ -25,6 +25,8 @@ _WIRE = SessionSettings()  # the method's defaults, written once (protocol.Sessi
 LEAK_GUARDS = ("allow", "redact", "hold")
 # the `Params` fields that hold phrase lists (tuples of non-empty strings)
 PHRASE_FIELDS = ("meta_openings", "assistant_openings", "banned_phrases", "assistant_phrases")
+# the `Params` fields that hold an n-gram size of a loop rule (0: off, else at least 2)
+NGRAM_FIELDS = ("no_repeat_ngram", "loop_ngram", "loop_end_ngram")
 METHODS = ("slm", "slm_rag", "llm", "speculative", "light_costeer", "costeer", "specsteer")
 LOCAL_METHODS = ("slm", "slm_rag")
 # Share of the user's minimum length before which an end-of-text is never released: asked for
@@ -146,12 +148,10 @@ class Params:
             phrases = getattr(self, name)
             if not isinstance(phrases, tuple) or not all(isinstance(p, str) and p for p in phrases):
                 raise ValueError(f"{name} must be a tuple of non-empty strings")
-        if self.no_repeat_ngram < 0 or self.no_repeat_ngram == 1:
-            raise ValueError("no_repeat_ngram must be 0 (off) or at least 2")
-        if self.loop_ngram < 0 or self.loop_ngram == 1:
-            raise ValueError("loop_ngram must be 0 (off) or at least 2")
-        if self.loop_end_ngram < 0 or self.loop_end_ngram == 1:
-            raise ValueError("loop_end_ngram must be 0 (off) or at least 2")
+        for name in NGRAM_FIELDS:
+            size = getattr(self, name)
+            if size < 0 or size == 1:
+                raise ValueError(f"{name} must be 0 (off) or at least 2")
         if self.adaptive_k and not 1 <= self.k <= self.k_max:
             raise ValueError("adaptive_k needs 1 <= k <= k_max")
 
