@@ -417,15 +417,41 @@ def test_light_costeer_beta_zero_is_generalist(rows: tuple) -> None:
 def test_nucleus_keeps_the_shortest_prefix_reaching_top_p() -> None:
     from specsteer.steer import nucleus
 
-    logp = np.log(np.array([0.05, 0.6, 0.3, 0.05], dtype=np.float64))
-    best_first = np.array([1, 2, 0, 3], dtype=np.int32)
-    assert nucleus(logp, best_first, 0.5).tolist() == [1]
-    assert nucleus(logp, best_first, 0.6).tolist() == [1]
-    assert nucleus(logp, best_first, 0.61).tolist() == [1, 2]
-    assert nucleus(logp, best_first, 0.92).tolist() == [1, 2, 0]
-    assert nucleus(logp, best_first, 0.99).tolist() == [1, 2, 0, 3]
-    assert nucleus(logp, best_first, 1.0).tolist() == [1, 2, 0, 3]
-    assert nucleus(logp, best_first[:1], 0.1).tolist() == [1]
+    best_first = np.log(np.array([0.6, 0.3, 0.05, 0.05], dtype=np.float64))
+    assert nucleus(best_first, 0.5) == 1
+    assert nucleus(best_first, 0.6) == 1
+    assert nucleus(best_first, 0.61) == 2
+    assert nucleus(best_first, 0.92) == 3
+    assert nucleus(best_first, 0.99) == 4
+    assert nucleus(best_first, 1.0) == 4
+    assert nucleus(best_first[:1], 0.1) == 1
+
+
+@given(logp_rows(2, max_len=200), st.floats(0.05, 1.0), st.floats(0.0, 2.0),
+       st.integers(1, 80), st.booleans())
+def test_steer_top_equals_sparse_steer_on_the_full_rows(rows: tuple, top_p: float, alpha: float,
+                                                         k: int, s0_here: bool) -> None:
+    """An engine that returns only the top-k of logp_G (vLLM) gets the same verdict."""
+    from specsteer.steer import steer_top, top_k_ids
+
+    g, s0 = rows
+    ids = top_k_ids(g, k)
+    full = sparse_steer(g, s0 if s0_here else None, alpha, k, top_p=top_p)
+    top = steer_top(ids, g[ids], s0[ids] if s0_here else None, alpha, top_p)
+    assert top == full
+
+
+def test_classic_accept_best_matches_the_argmax_rule() -> None:
+    from specsteer.steer import classic_accept_best
+
+    rows = np.full((4, 10), -5.0)
+    for i, best in enumerate([3, 4, 9, 1]):
+        rows[i, best] = 0.0
+    assert classic_accept_greedy([3, 4, 5], rows) == classic_accept_best([3, 4, 5], [3, 4, 9, 1])
+    assert classic_accept_best([3, 4, 5], [3, 4, 9, 1]) == (2, 9)
+    assert classic_accept_best([3, 4, 9], [3, 4, 9, 1]) == (3, 1)
+    with pytest.raises(ValueError, match=r"K\+1"):
+        classic_accept_best([3, 4], [3])
 
 
 def test_sparse_steer_top_p_is_a_prefix_of_top_k() -> None:

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import logging
 import signal
+from enum import Enum
 from pathlib import Path
 from typing import Annotated
 
@@ -23,6 +24,15 @@ from specsteer_companion.limits import (
     DEFAULT_PREFILL_TOKENS_PER_S,
     DEFAULT_RATE_PER_S,
 )
+from specsteer_companion.vllm_engine import DEFAULT_MAX_LOGPROBS
+
+
+class Engine(str, Enum):
+    """Where the Generalist's passes run."""
+
+    onnx = "onnx"
+    vllm = "vllm"
+
 
 app = typer.Typer(
     name="specsteer-companion",
@@ -95,6 +105,33 @@ def serve(
         int,
         typer.Option(min=1, help="With --batch: padded tokens per pass (rows x longest row)"),
     ] = 256,
+    generalist_engine: Annotated[
+        Engine, typer.Option(help="Where the Generalist runs: ONNX Runtime in this process, or "
+                             "a vLLM engine (--generalist: an HF folder or an export-hf name)")
+    ] = Engine.onnx,
+    engine_dtype: Annotated[str, typer.Option(help="vLLM: weight dtype (auto: the folder's)")] = (
+        "auto"),
+    engine_block_size: Annotated[
+        int | None, typer.Option(help="vLLM: KV block size (default 32 on a CPU)")] = None,
+    engine_max_logprobs: Annotated[
+        int, typer.Option(help="vLLM: most candidates a verdict may carry (top_k)")] = (
+        DEFAULT_MAX_LOGPROBS),
+    engine_kv_cache_gib: Annotated[
+        float | None, typer.Option(help="vLLM on a CPU: KV cache size in GiB")] = None,
+    engine_gpu_memory: Annotated[
+        float | None, typer.Option(help="vLLM on a GPU: share of its memory to use")] = None,
+    engine_tensor_parallel: Annotated[int, typer.Option(min=1, help="vLLM: GPUs per engine")] = 1,
+    engine_max_seqs: Annotated[
+        int | None, typer.Option(help="vLLM: requests per engine step")] = None,
+    engine_max_batched_tokens: Annotated[
+        int | None, typer.Option(help="vLLM: tokens per engine step")] = None,
+    engine_eager: Annotated[
+        bool | None, typer.Option("--engine-eager/--engine-compile",
+                                  help="vLLM: no torch.compile (default: eager on a CPU only)")
+    ] = None,
+    engine_cpus: Annotated[
+        str | None, typer.Option(help="vLLM on a CPU: cores for its threads (\"1\", \"0-3\")")
+    ] = None,
     verbose: Annotated[bool, typer.Option("-v", "--verbose")] = False,
 ) -> None:
     """Load the models and serve devices over websockets until interrupted."""
@@ -135,13 +172,29 @@ def serve(
         )
         return models[-1]
 
-    g = load(generalist)
-    s = None if specialist == "none" else load(specialist)
+    try:
+        if generalist_engine is Engine.vllm:
+            from specsteer_companion.vllm_engine import VllmOptions, VllmScoring, resolve_model
+
+            g = VllmScoring(VllmOptions(
+                model=resolve_model(generalist, engine_dtype), dtype=engine_dtype,
+                block_size=engine_block_size, max_logprobs=engine_max_logprobs,
+                kv_cache_gib=engine_kv_cache_gib, gpu_memory_utilization=engine_gpu_memory,
+                tensor_parallel_size=engine_tensor_parallel, max_num_seqs=engine_max_seqs,
+                max_num_batched_tokens=engine_max_batched_tokens, eager=engine_eager,
+                cpus=engine_cpus))
+        else:
+            g = load(generalist)
+        s = None if specialist == "none" else load(specialist)
+        verifier = Verifier(g, s)
+    except (SpecSteerError, ValueError) as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(1) from None
     authenticate = None
     if store is not None:
         authenticate = lambda secret: info.token_id if (info := store.verify(secret)) else None  # noqa: E731
     server = CompanionServer(
-        Verifier(g, s),
+        verifier,
         ServerConfig(
             host=host,
             port=port,
@@ -166,7 +219,8 @@ def serve(
         typer.echo(
             f"companion ready: {scheme}://{host}:{bound} generalist={g.name} "
             f"{g.sha256[:12]} specialist={s.name if s else 'none'}"
-            + (f" batch={max_batch}x{max_batch_tokens}" if batch else ""),
+            + (f" batch={max_batch}x{max_batch_tokens}" if batch else "")
+            + (" engine=vllm" if generalist_engine is Engine.vllm else ""),
             err=False,
         )
 
@@ -182,8 +236,12 @@ def serve(
                 loop.add_signal_handler(sig, stop.set)
         await server.serve(ready, stop)
 
-    with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(run())
+    try:
+        with contextlib.suppress(KeyboardInterrupt):
+            asyncio.run(run())
+    finally:
+        if generalist_engine is Engine.vllm:
+            g.close()  # type: ignore[union-attr]  # the engine's own processes too
     for model in models:
         log.info("%s batching: %s", model.name, model.stats)
 

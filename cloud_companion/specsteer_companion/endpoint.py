@@ -49,7 +49,8 @@ class CompanionEndpoint:
             max_message_bytes=base.max_message_bytes, max_draft=base.max_draft,
             # a session holds prompt + output in one KV cache: never advertise more than that
             max_prompt_tokens=min(base.max_prompt_tokens, verifier.max_session_tokens),
-            max_top_k=base.max_top_k,
+            # ...nor more candidates than every engine can return (vLLM: its max_logprobs)
+            max_top_k=min(base.max_top_k, verifier.max_top_k),
             vocab_size=verifier.generalist.vocab_size,
         )
         self.conn = CompanionConnection(self.limits)
@@ -167,9 +168,10 @@ class CompanionEndpoint:
         try:
             if resumed:
                 opened = protocol.OpenSession(request.prompt_ids, request.settings)
-                self.session = self.verifier.open(opened, request.committed_ids)
+                self.session = self.verifier.open(opened, request.committed_ids,
+                                                  owner=self.identity or "")
             else:
-                self.session = self.verifier.open(request)
+                self.session = self.verifier.open(request, owner=self.identity or "")
         except Exception as exc:
             # The quota slot taken above is held by no session: give it back on *any* failure,
             # or a few unservable OpenSessions would lock the identity (or everyone) out.

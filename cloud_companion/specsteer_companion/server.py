@@ -153,11 +153,13 @@ class CompanionServer:
     def pool_size(self) -> int:
         """Threads that run frames: `workers`, or one per session when the models batch.
 
-        With `BatchingModel`s a frame's thread mostly waits for a shared pass, so every session
-        must be able to wait at once, or passes could never be larger than `workers`.
+        With `BatchingModel`s or an engine that batches sessions itself (vLLM) a frame's thread
+        mostly waits for a shared pass, so every session must be able to wait at once, or
+        passes could never be larger than `workers`.
         """
         models = (self.verifier.generalist, self.verifier.specialist)
-        if any(isinstance(m, BatchingModel) for m in models):
+        if any(isinstance(m, BatchingModel) or getattr(m, "batches_sessions", False)
+               for m in models):
             return max(self.config.workers, self.config.max_sessions)
         return self.config.workers
 

@@ -1,55 +1,85 @@
 """Per-session verification on the companion: the Generalist and the generic Specialist.
 
-The companion holds, per device session, one `Track` of the Generalist (P_G) and, unless the
-device computes P_S0 itself, one of the context-free Specialist (P_S0, the very same compiled
-artifact the device runs). A round appends the newly committed ids and the draft to both in
-one pass each, decides acceptance and builds the candidates with `specsteer.steer` (the only
-home of the method's rules), and rewinds both caches to the accepted prefix. It never sees,
-and has no way to receive, the private context. Mismatched tokenizers go to `cross`.
+The companion holds, per device session, one scoring session of the Generalist (P_G) and,
+unless the device computes P_S0 itself, one of the context-free Specialist (P_S0, the very same
+compiled artifact the device runs). A round appends the newly committed ids and the draft to
+both in one pass each, decides acceptance and builds the candidates with `specsteer.steer` (the
+only home of the method's rules), and keeps the accepted prefix. The passes run on an engine
+behind the `scoring` seam: ONNX Runtime in-process (the default), or vLLM for the Generalist
+(`vllm_engine`). It never sees, and has no way to receive, the private context. Mismatched
+tokenizers go to `cross` (ONNX Runtime only: it reads whole rows).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from specsteer import steer
 from specsteer.protocol import Mode, OpenSession
 from specsteer.runtime.base import LanguageModel
-from specsteer.runtime.track import Track
 from specsteer_companion.cross import CrossVerifierSession
+from specsteer_companion.scoring import ScoringModel, ScoringSession, scoring
 
 
 @dataclass
 class Verifier:
-    """The companion's models. `specialist` may be None when devices send P_S0 themselves."""
+    """The companion's models. `specialist` may be None when devices send P_S0 themselves.
 
-    generalist: LanguageModel
-    specialist: LanguageModel | None = None
+    Either may be a `specsteer.runtime` model (run on ONNX Runtime through a `Track`) or a
+    `scoring.ScoringModel` engine (the Generalist on vLLM).
+    """
+
+    generalist: LanguageModel | ScoringModel
+    specialist: LanguageModel | ScoringModel | None = None
     max_session_tokens: int = 4096
+    g_scoring: ScoringModel = field(init=False, repr=False)
+    s0_scoring: ScoringModel | None = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.g_scoring = scoring(self.generalist)
+        self.s0_scoring = None if self.specialist is None else scoring(self.specialist)
+        if self.cross and not self.g_scoring.whole_rows:
+            raise ValueError(
+                f"the Generalist {self.g_scoring.name} runs on an engine that returns top-k "
+                "log-probabilities, not whole rows, and the Specialist's tokenizer differs from "
+                "its own: verification across tokenizers re-expresses whole Generalist rows over "
+                "the Specialist's tokens; serve this pair on the ONNX Runtime engine"
+            )
+
+    @property
+    def cross(self) -> bool:
+        """Whether the two models' tokenizers differ (the text path, `cross`)."""
+        s = self.specialist
+        return s is not None and s.tokenizer.vocab_hash != self.generalist.tokenizer.vocab_hash
+
+    @property
+    def max_top_k(self) -> int:
+        """The most candidates a verdict can carry: what every hosted engine can return."""
+        engines = [self.g_scoring, *([self.s0_scoring] if self.s0_scoring else [])]
+        return min(engine.max_top_k for engine in engines)
 
     def open(
-        self, request: OpenSession, committed: Sequence[int] = ()
+        self, request: OpenSession, committed: Sequence[int] = (), owner: str = ""
     ) -> VerifierSession | CrossVerifierSession:
         """A session on the token path, or on the text path when the tokenizers differ.
 
         `committed`: tokens the device generated before this session (a `Resume`): the
         session holds prompt and committed tokens as if it had verified them itself.
+        `owner`: the device's identity (engines that share a prefix cache keep owners apart).
         """
-        s = self.specialist
-        if s is not None and s.tokenizer.vocab_hash != self.generalist.tokenizer.vocab_hash:
+        if self.cross:
             return CrossVerifierSession(self, request, committed=committed)
-        return VerifierSession(self, request, committed)
+        return VerifierSession(self, request, committed, owner)
 
 
 class VerifierSession:
     """One device's generation on the companion (the two models share a tokenizer)."""
 
-    def __init__(
-        self, verifier: Verifier, request: OpenSession, committed: Sequence[int] = ()
-    ) -> None:
+    def __init__(self, verifier: Verifier, request: OpenSession,
+                 committed: Sequence[int] = (), owner: str = "") -> None:
         self.request = request
         self.settings = settings = request.settings
         self.mode = Mode(settings.mode)
@@ -60,14 +90,23 @@ class VerifierSession:
             raise ValueError(
                 "this companion hosts no generic Specialist; send logp_S0 from the device"
             )
-        self.g = Track(verifier.generalist, prompt, limit)
-        self.s0 = Track(verifier.specialist, prompt, limit) \
-            if settings.companion_s0 and verifier.specialist is not None else None
-        self.length = len(prompt)
+        if settings.select == "difference" and not verifier.g_scoring.whole_rows:
+            raise ValueError(
+                f"select='difference' ranks whole rows; the Generalist's engine "
+                f"({verifier.g_scoring.name}) returns the top-k of logp_G only: use "
+                "select='generalist'"
+            )
+        self.g: ScoringSession = verifier.g_scoring.open(
+            prompt, max_length=limit, temperature=self.temperature, owner=owner)
+        self.s0: ScoringSession | None = None
+        if settings.companion_s0 and verifier.s0_scoring is not None:
+            try:
+                self.s0 = verifier.s0_scoring.open(
+                    prompt, max_length=limit, temperature=self.temperature, owner=owner)
+            except BaseException:
+                self.g.close()
+                raise
         self.rng = np.random.default_rng(settings.seed) if settings.temperature > 0 else None
-
-    def _logp(self, rows: np.ndarray) -> np.ndarray:
-        return steer.log_softmax(rows, self.temperature)
 
     def verify(
         self,
@@ -78,55 +117,48 @@ class VerifierSession:
         """One Draft–Verify–Recover round (or a classic speculative round in SPECULATIVE mode)."""
         seq = [*committed, *draft]
         offset = len(committed)
-        g_rows = self.g.extend(seq)
+        top_k = 1 if self.mode is Mode.SPECULATIVE else self.settings.top_k
+        g = self.g.score(seq, offset, top_k)
         if self.mode is Mode.SPECULATIVE:
-            accepted, token = steer.classic_accept_greedy(draft, g_rows[offset:])
-            self._keep(offset + accepted, g_rows, None)
+            best = [int(g.top(offset + j, 1)[0][0]) for j in range(len(draft) + 1)]
+            accepted, token = steer.classic_accept_best(draft, best)
+            self._keep(offset + accepted, s0=False)
             return steer.RoundVerdict(accepted, steer.SparseSteer([token], [0.0]))
-        logp_g = self._logp(g_rows)
-        at_draft = offset + np.arange(len(draft))
-        lg_draft = logp_g[at_draft, list(draft)] if draft else np.zeros(0, np.float32)
-        s0_rows = logp_s0 = None
-        if self.s0 is not None:
-            s0_rows = self.s0.extend(seq)
-            logp_s0 = self._logp(s0_rows)
-            ls0_draft = logp_s0[at_draft, list(draft)] if draft else lg_draft
+        lg_draft = g.taken()
+        s0 = self.s0.score(seq, offset, 0) if self.s0 is not None else None
+        if s0 is not None:
+            ls0_draft = s0.taken() if draft else lg_draft
         else:
             ls0_draft = np.asarray(logp_s0_draft, np.float32)
         accepted = steer.ratio_accept_count(lg_draft, ls0_draft, self.settings.gamma, self.rng)
         at = offset + accepted
-        candidates = steer.sparse_steer(
-            logp_g[at],
-            None if logp_s0 is None else logp_s0[at],
-            self.settings.alpha,
-            self.settings.top_k,
-            self.settings.select,
-            self.settings.top_p,
-        )
-        self._keep(at, g_rows, s0_rows)
+        if self.settings.select == "difference" and s0 is not None:
+            candidates = steer.sparse_steer(g.whole(at), s0.whole(at), self.settings.alpha,
+                                            self.settings.top_k, "difference", self.settings.top_p)
+        else:
+            ids, lg = g.top(at, self.settings.top_k)
+            candidates = steer.steer_top(ids, lg, None if s0 is None else s0.at(at, ids),
+                                         self.settings.alpha, self.settings.top_p)
+        self._keep(at, s0=s0 is not None)
         return steer.RoundVerdict(accepted, candidates)
 
     def row(self, committed: Sequence[int]) -> steer.RoundVerdict:
         """ROWS mode: top-k of logp_G for the next position, with logp_S0 at the same ids."""
-        g_rows = self.g.extend(committed)
-        logp_g = self._logp(g_rows[-1])
-        candidates = steer.sparse_steer(
-            logp_g, None, 0.0, self.settings.top_k, top_p=self.settings.top_p
-        )
+        n = len(committed)
+        ids, lg = self.g.score(committed, n, self.settings.top_k).top(n, self.settings.top_k)
+        candidates = steer.steer_top(ids, lg, None, 0.0, self.settings.top_p)
         if self.s0 is not None:
-            s0_rows = self.s0.extend(committed)
-            s0_values = self._logp(s0_rows[-1])[candidates.ids].astype(np.float16)
+            s0_values = self.s0.score(committed, n, 0).at(n, candidates.ids).astype(np.float16)
         else:
-            s0_rows, s0_values = None, np.zeros(len(candidates.ids), np.float16)
-        self._keep(len(committed), g_rows, s0_rows)
+            s0_values = np.zeros(len(candidates.ids), np.float16)
+        self._keep(n, s0=self.s0 is not None)
         return steer.RoundVerdict(0, candidates, s0_values)
 
-    def _keep(self, advance: int, g_rows: np.ndarray, s0_rows: np.ndarray | None) -> None:
+    def _keep(self, advance: int, *, s0: bool) -> None:
         """Hold the tokens before and the `advance` new ones; everything after is dropped."""
-        self.length += advance
-        self.g.keep(self.length, g_rows[advance])
-        if self.s0 is not None and s0_rows is not None:
-            self.s0.keep(self.length, s0_rows[advance])
+        self.g.keep(advance)
+        if s0 and self.s0 is not None:
+            self.s0.keep(advance)
 
     def close(self) -> None:
         self.g.close()

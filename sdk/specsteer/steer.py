@@ -280,32 +280,52 @@ def sparse_steer(
         raise ValueError(f"top_k must be >= 1, got {top_k}")
     if select not in SELECTS:
         raise ValueError(f"select must be 'generalist' or 'difference', got {select!r}")
-    if logp_s0_row is None:
-        ids = nucleus(g, top_k_ids(g, top_k), top_p)
-        return SparseSteer(ids=ids, values=g[ids].astype(np.float16))
-    s0 = np.asarray(logp_s0_row).reshape(-1)
-    if g.shape != s0.shape:
-        raise ValueError(f"rows differ in length: {g.shape[0]} != {s0.shape[0]}")
-    if select == "generalist":
-        ids = nucleus(g, top_k_ids(g, top_k), top_p)  # values only at the winners: O(V) once
-        values = _steer_values(g[ids], s0[ids], alpha)
-    else:
+    if logp_s0_row is not None:
+        s0 = np.asarray(logp_s0_row).reshape(-1)
+        if g.shape != s0.shape:
+            raise ValueError(f"rows differ in length: {g.shape[0]} != {s0.shape[0]}")
+    if select == "difference" and logp_s0_row is not None:
         diff = _steer_values(g, s0, alpha)
         ids = top_k_ids(diff, top_k)
-        values = diff[ids]
-    return SparseSteer(ids=ids, values=values.astype(np.float16))
+        return SparseSteer(ids=ids, values=diff[ids].astype(np.float16))
+    ids = top_k_ids(g, top_k)  # values only at the winners: O(V) once
+    return steer_top(ids, g[ids], None if logp_s0_row is None else s0[ids], alpha, top_p)
 
 
-def nucleus(logp_row: np.ndarray, ids_best_first: np.ndarray, top_p: float) -> np.ndarray:
-    """The shortest prefix of `ids_best_first` whose probability under `logp_row` reaches top_p.
+def steer_top(
+    ids_best_first: np.ndarray,
+    logp_g_top: np.ndarray,
+    logp_s0_top: np.ndarray | None,
+    alpha: float,
+    top_p: float = 1.0,
+) -> SparseSteer:
+    """`sparse_steer` (select="generalist") from the Generalist's top-k alone.
 
-    At least one id is kept; top_p >= 1 keeps them all (the exact top-k of the method).
+    For an engine that returns the top-k of logp_G rather than whole rows (vLLM): `ids_best_first`
+    and `logp_g_top` are its top-k, best first; `logp_s0_top` is logp_S0 at those ids (None when
+    P_S0 lives on the device). Same candidates and values as `sparse_steer` on the full rows.
     """
-    if top_p >= 1.0 or ids_best_first.shape[0] <= 1:
-        return ids_best_first
-    mass = np.cumsum(np.exp(np.asarray(logp_row, dtype=np.float64)[ids_best_first]))
+    ids = np.asarray(ids_best_first, dtype=np.int32).reshape(-1)
+    g = np.asarray(logp_g_top, dtype=np.float64).reshape(-1)
+    keep = nucleus(g, top_p)
+    if logp_s0_top is None:
+        return SparseSteer(ids=ids[:keep], values=g[:keep].astype(np.float16))
+    s0 = np.asarray(logp_s0_top, dtype=np.float64).reshape(-1)
+    values = _steer_values(g[:keep], s0[:keep], alpha)
+    return SparseSteer(ids=ids[:keep], values=values.astype(np.float16))
+
+
+def nucleus(logp_best_first: np.ndarray, top_p: float) -> int:
+    """How many of the best-first candidates (their logp) make the shortest prefix reaching top_p.
+
+    At least one is kept; top_p >= 1 keeps them all (the exact top-k of the method).
+    """
+    n = int(np.asarray(logp_best_first).shape[0])
+    if top_p >= 1.0 or n <= 1:
+        return n
+    mass = np.cumsum(np.exp(np.asarray(logp_best_first, dtype=np.float64)))
     keep = int(np.searchsorted(mass, top_p, side="left")) + 1
-    return ids_best_first[: max(1, min(keep, ids_best_first.shape[0]))]
+    return max(1, min(keep, n))
 
 
 def forbid(row: np.ndarray, ids: frozenset[int] | Sequence[int]) -> np.ndarray:
@@ -473,9 +493,17 @@ def classic_accept_greedy(draft: Sequence[int], logits_g: np.ndarray) -> tuple[i
     z = np.asarray(logits_g)
     if z.ndim != 2 or z.shape[0] != d.shape[0] + 1:
         raise ValueError(f"logits_g must be [K+1, V] for K={d.shape[0]} drafts; got {z.shape}")
-    best = np.argmax(z, axis=-1)
-    n = _leading_true(best[:-1] == d)
-    return n, int(best[n])
+    return classic_accept_best(d, np.argmax(z, axis=-1))
+
+
+def classic_accept_best(draft: Sequence[int], best: Sequence[int]) -> tuple[int, int]:
+    """`classic_accept_greedy` from the verifier's argmax at each of the K+1 rows."""
+    d = np.asarray(draft, dtype=np.int64).reshape(-1)
+    b = np.asarray(best, dtype=np.int64).reshape(-1)
+    if b.shape[0] != d.shape[0] + 1:
+        raise ValueError(f"need K+1 = {d.shape[0] + 1} argmax ids, got {b.shape[0]}")
+    n = _leading_true(b[:-1] == d)
+    return n, int(b[n])
 
 
 def classic_accept_sampling(

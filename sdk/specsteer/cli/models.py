@@ -88,6 +88,25 @@ def compile_command(
     typer.echo(str(folder))
 
 
+@app.command("export-hf")
+def export_hf_command(
+    name: NameArg,
+    dtype: Annotated[
+        str, typer.Option(help="Weight dtype of the folder: bfloat16, float16 or float32.")
+    ] = "bfloat16",
+    out: Annotated[
+        Path | None, typer.Option(help="Write here (default: $SPECSTEER_HOME/hf/NAME-DTYPE).")
+    ] = None,
+    force: Annotated[bool, typer.Option(help="Rebuild even if already exported.")] = False,
+) -> None:
+    """Write a fetched model as an HF folder for serving engines (vLLM; the `compile` extra)."""
+    from specsteer.models.export_hf import export_hf_folder  # torch in a subprocess only
+
+    with _user_errors():
+        folder = export_hf_folder(name, dtype, out=out, force=force, progress=_say)
+    typer.echo(str(folder))
+
+
 def _gguf_status(spec: registry.ModelSpec) -> dict[str, Any]:
     """Cheap state of the cached GGUF: present and of the right size (`verify` hashes it)."""
     path = registry.gguf_path(spec)

@@ -29,11 +29,12 @@ from specsteer.models.registry import PRECISIONS, ModelSpec, compiled_dir, get_s
 _OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
 
 
-def export_hf(gguf: Path, out: Path) -> None:
+def export_hf(gguf: Path, out: Path, dtype: str = "float32") -> None:
     """Dequantize `gguf` with transformers and write a plain safetensors HF folder to `out`.
 
     `save_pretrained` refuses GGUF-loaded models, so the state dict is written directly; the
-    tied lm_head is dropped and the GGUF quantization marker removed so the builder reads fp32.
+    tied lm_head is dropped and the GGUF quantization marker removed so the builder (and vLLM)
+    read plain weights of `dtype` (fp32 for the builder; `models export-hf` states its own).
     """
     import torch
     from safetensors.torch import save_file
@@ -42,7 +43,7 @@ def export_hf(gguf: Path, out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     model = AutoModelForCausalLM.from_pretrained(
-        gguf.parent, gguf_file=gguf.name, dtype=torch.float32
+        gguf.parent, gguf_file=gguf.name, dtype=getattr(torch, dtype)
     )
     state = model.state_dict()
     if getattr(model.config, "tie_word_embeddings", False):
@@ -56,6 +57,7 @@ def export_hf(gguf: Path, out: Path) -> None:
     config_path = out / "config.json"
     config = json.loads(config_path.read_text())
     config.pop("quantization_config", None)
+    config["dtype"] = dtype  # what the weights are: engines that read it ("auto") load them so
     _flatten_rope_parameters(config)
     config_path.write_text(json.dumps(config, indent=2))
 
@@ -185,9 +187,10 @@ def _main() -> None:
     export = sub.add_parser("export")
     export.add_argument("gguf", type=Path)
     export.add_argument("out", type=Path)
+    export.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
     args = parser.parse_args()
     if args.step == "export":
-        export_hf(args.gguf, args.out)
+        export_hf(args.gguf, args.out, args.dtype)
 
 
 if __name__ == "__main__":

@@ -37,7 +37,7 @@ Notes: buy milk, call Anna at 10:30, review pull request #42, email the landlord
 """
 
 
-def _recipe(arch: str, seed: int, vocab: int) -> dict:
+def _recipe(arch: str, seed: int, vocab: int, heads: int = 4, kv_heads: int = 2) -> dict:
     return {
         "version": RECIPE_VERSION,
         "arch": arch,
@@ -45,19 +45,41 @@ def _recipe(arch: str, seed: int, vocab: int) -> dict:
         "vocab": vocab,
         "hidden": 64,
         "layers": 2,
-        "heads": 4,
-        "kv_heads": 2,
+        "heads": heads,
+        "kv_heads": kv_heads,
         "intermediate": 128,
     }
 
 
-def tiny_model_dir(arch: str = "llama", seed: int = 0, vocab: int = 512) -> Path:
+# Heads of the tiny models a vLLM engine can run: its CPU attention takes head sizes of 32 and
+# more, and the default recipe's are 16 (64 hidden / 4 heads)
+ENGINE_HEADS = {"heads": 2, "kv_heads": 1}
+
+
+def tiny_model_dir(arch: str = "llama", seed: int = 0, vocab: int = 512, *, heads: int = 4,
+                   kv_heads: int = 2) -> Path:
     """Cached folder of the tiny model with this recipe (built on first use)."""
-    recipe = _recipe(arch, seed, vocab)
+    recipe = _recipe(arch, seed, vocab, heads, kv_heads)
     key = hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:12]
     dest = home() / "test-models" / f"tiny-{arch}-s{seed}-{key}"
     if not (dest / "specsteer.json").exists():
         build_tiny_model(dest, recipe)
+    return dest
+
+
+def tiny_hf_dir(arch: str = "llama", seed: int = 0, vocab: int = 512, *, heads: int = 4,
+                kv_heads: int = 2) -> Path:
+    """The HF (safetensors) folder of the same tiny model: the weights `tiny_model_dir` compiled,
+    for engines that load HF folders (vLLM). Built next to the compiled folder."""
+    compiled = tiny_model_dir(arch, seed, vocab, heads=heads, kv_heads=kv_heads)
+    dest = compiled.with_name(compiled.name + "-hf")
+    if not (dest / "config.json").exists():  # a compiled folder cached before HF ones were kept
+        work = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
+        try:
+            _export(_recipe(arch, seed, vocab, heads, kv_heads), work / "hf")
+            install_folder(work / "hf", dest)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
     return dest
 
 
@@ -163,6 +185,7 @@ def build_tiny_model(dest: Path, recipe: dict) -> Path:
             recipe=recipe,
         )
         install_folder(out, dest)
+        install_folder(hf_dir, dest.with_name(dest.name + "-hf"))  # same weights, HF layout
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return dest
