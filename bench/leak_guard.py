@@ -13,6 +13,13 @@ id windows cannot hide from. Plus ROUGE-1/L against the gold text and tokens/s.
 
     flock /tmp/specsteer-heavy.lock python bench/leak_guard.py --users 6 --gamma 0.1 \\
         --max-new-tokens 128 --json bench-leak.json
+
+`--data FILE --task topic` runs LaMP/LongLaMP-format rows (`bench/longlamp_topics.py` makes
+LongLaMP-4 topic rows from the newsgroups senders). `--skip-unflagged` runs `redact` and `hold`
+only for users whose `allow` run flagged something: with nothing flagged the guard changes
+nothing and greedy decoding without warm start or pipelining gives the same text, so those rows
+are the `allow` row relabelled (`reused`). `--json` is written after every user and a rerun
+resumes from it. The report adds each policy's paired 95 % interval of ROUGE-1 against `allow`.
 """
 
 from __future__ import annotations
@@ -97,13 +104,22 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=8, help="window length (Params.leak_guard_n)")
     parser.add_argument("--precision", default="int8")
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--data", help="a LaMP/LongLaMP-format file instead of the shared set")
+    parser.add_argument("--skip-from", type=int, default=0,
+                        help="leave out this many first users (run users N+1..N+--users)")
+    parser.add_argument("--skip-unflagged", action="store_true",
+                        help="reuse the allow row for users it flagged nothing for")
     args = parser.parse_args()
 
     specialist = load_model(compile_model("qwen2.5-0.5b", args.precision))
     generalist = load_model(compile_model("qwen2.5-1.5b", args.precision))
     harness = Harness(specialist, generalist, EvalConfig(task=args.task))
-    rows = []
-    for example in load_examples(args.task, users=args.users):
+    rows = json.loads(args.json.read_text()) if args.json and args.json.exists() else []
+    done = {(r["user"], r["policy"]) for r in rows}
+    examples = load_examples(args.task, data=args.data, users=args.skip_from + args.users)
+    for example in examples[args.skip_from:]:
+        if all((example.user, policy) in done for policy in POLICIES):
+            continue
         prepared = harness.prepare(example)
         prompt = prepared.device
         private = private_ngrams(prompt.private_ids, prompt.public_ids, args.n)
@@ -111,6 +127,13 @@ def main() -> None:
         private_words = set(word_spans(decode_text(prompt.private_ids), args.n)) \
             - set(word_spans(decode_text(prompt.public_ids), args.n))
         for policy in POLICIES:
+            if (example.user, policy) in done:
+                continue
+            allow = next((r for r in rows if r["user"] == example.user
+                          and r["policy"] == "allow"), None)
+            if args.skip_unflagged and policy != "allow" and allow and not allow["flagged"]:
+                rows.append({**allow, "policy": policy, "reused": True})
+                continue
             # no warm start: its switch point depends on when the prefill ends, so the three
             # policies' texts would differ by timing, not by the guard
             params = Params(gamma=args.gamma, max_new_tokens=args.max_new_tokens,
@@ -143,9 +166,31 @@ def main() -> None:
                 output_word_spans=sum(w in private_words for w in word_spans(text, args.n)),
             ))
             print(json.dumps(rows[-1]), flush=True)
+            if args.json:
+                args.json.write_text(json.dumps(rows, indent=1))
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1))
     report(rows)
+    differences(rows)
+
+
+def differences(rows: list[dict]) -> None:
+    """Each policy's ROUGE-1/L minus `allow`'s, paired over users, with a 95 % interval."""
+    from specsteer_lab.eval.compare import interval_cell
+    from specsteer_lab.quality import paired_bootstrap
+
+    allow = {r["user"]: r for r in rows if r["policy"] == "allow"}
+    for policy in POLICIES[1:]:
+        mine = {r["user"]: r for r in rows if r["policy"] == policy}
+        users = sorted(mine.keys() & allow.keys())
+        if not users:
+            continue
+        for metric in ("rouge1", "rougeL"):
+            interval = paired_bootstrap([100 * mine[u][metric] for u in users],
+                                        [100 * allow[u][metric] for u in users])
+            changed = sum(mine[u]["text"] != allow[u]["text"] for u in users)
+            print(f"{policy} - allow {metric}: {interval_cell(interval)} over {len(users)} "
+                  f"users ({changed} texts differ)")
 
 
 def report(rows: list[dict]) -> None:

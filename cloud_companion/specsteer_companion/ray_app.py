@@ -27,6 +27,7 @@ import os
 import socket
 import uuid
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import ray
@@ -74,7 +75,12 @@ def _load_verifier(config: RayCompanionConfig) -> Verifier:
     from specsteer.runtime import load_model
 
     m = config.models
-    g = load_model(m.generalist, precision=m.precision, threads=m.threads)
+    if m.engine == "vllm":  # one engine per replica, sized by the replica's GPUs
+        from specsteer_companion.vllm_engine import VllmScoring
+
+        g = VllmScoring(m.vllm_options())
+    else:
+        g = load_model(m.generalist, precision=m.precision, threads=m.threads)
     s = None if m.specialist == "none" else load_model(m.specialist, precision=m.precision,
                                                         threads=m.threads)
     return Verifier(g, s, m.max_session_tokens)
@@ -99,6 +105,10 @@ def build_app(config: RayCompanionConfig):  # type: ignore[no-untyped-def]
 
         def __init__(self) -> None:
             self.verifier = _load_verifier(config)
+            # a thread per frame in flight: with an engine that batches sessions (vLLM) they
+            # all wait for its steps at once (asyncio's default pool has cores + 4 threads)
+            self.pool = ThreadPoolExecutor(max_workers=v.max_ongoing_requests,
+                                           thread_name_prefix="verify")
             self.authenticate = _authenticator(config)
             self.replica = serve.get_replica_context().replica_id.to_full_id_str()
             self.counts: Counter[str] = Counter()
@@ -116,7 +126,8 @@ def build_app(config: RayCompanionConfig):  # type: ignore[no-untyped-def]
                 self.counts["lost"] += 1
                 return Reply([], self.replica, lost=True)
             resumes = endpoint.resumes
-            frames = await asyncio.to_thread(endpoint.handle, frame)  # model work off the loop
+            frames = await asyncio.get_running_loop().run_in_executor(  # model work off the loop
+                self.pool, endpoint.handle, frame)
             resumed = endpoint.resumes > resumes
             self.counts["resumes"] += resumed
             self.counts["frames"] += 1
@@ -132,7 +143,7 @@ def build_app(config: RayCompanionConfig):  # type: ignore[no-untyped-def]
 
         def check_health(self) -> None:
             """Serve restarts a replica whose models no longer run a token."""
-            self.verifier.generalist.new_session(max_length=4).append([0])
+            self.verifier.check()
 
     app = FastAPI()
 

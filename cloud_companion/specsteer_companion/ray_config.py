@@ -23,6 +23,7 @@ from specsteer_companion.limits import (
     DEFAULT_PREFILL_TOKENS_PER_S,
     DEFAULT_RATE_PER_S,
 )
+from specsteer_companion.vllm_engine import VllmOptions, resolve_model
 
 
 @dataclass(frozen=True)
@@ -34,6 +35,27 @@ class ModelsSection:
     precision: str = "int8"
     threads: int = 1  # ONNX Runtime threads per model
     max_session_tokens: int = 4096
+    # where the Generalist runs: "onnx" (ONNX Runtime in the replica) or "vllm" (one vLLM
+    # engine per replica; `generalist` is then an HF folder or an export-hf name)
+    engine: str = "onnx"
+    vllm: dict[str, Any] = field(default_factory=dict)  # `vllm_engine.VllmOptions` but `model`
+
+    def __post_init__(self) -> None:
+        if self.engine not in ENGINES:
+            raise CompanionConfigError(f"models.engine must be one of {', '.join(ENGINES)}, "
+                                       f"not {self.engine!r}")
+        if self.vllm and self.engine != "vllm":
+            raise CompanionConfigError("models.vllm configures the vLLM engine: set "
+                                       "models.engine: vllm, or remove it")
+        _build(VllmOptions, {"model": self.generalist, **self.vllm}, "models.vllm")
+
+    def vllm_options(self) -> VllmOptions:
+        """The replica's engine options (the Generalist resolved to its HF folder)."""
+        dtype = self.vllm.get("dtype", "auto")
+        return VllmOptions(**{**self.vllm, "model": resolve_model(self.generalist, dtype)})
+
+
+ENGINES = ("onnx", "vllm")
 
 
 @dataclass(frozen=True)

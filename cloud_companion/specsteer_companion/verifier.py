@@ -61,6 +61,14 @@ class Verifier:
         engines = [self.g_scoring, *([self.s0_scoring] if self.s0_scoring else [])]
         return min(engine.max_top_k for engine in engines)
 
+    def check(self) -> None:
+        """Run one token through every hosted model (a health check): raises if one is dead."""
+        for engine in (self.g_scoring, self.s0_scoring):
+            if engine is not None:
+                session = engine.open([0, 0], max_length=8, temperature=1.0, owner="health")
+                session.score([0], 0, 1)
+                session.close()
+
     def open(
         self, request: OpenSession, committed: Sequence[int] = (), owner: str = ""
     ) -> VerifierSession | CrossVerifierSession:

@@ -411,6 +411,50 @@ def test_a_killed_replica_costs_a_resync_not_a_token(cluster, tiny_model, refere
         pytest.fail(f"no new replica took a session: {cluster.stats()}")
 
 
+@pytest.mark.vllm
+def test_replicas_on_vllm_engines_cost_a_resync_when_killed(cluster):
+    """`models.engine: vllm`: each replica serves the Generalist from its own vLLM engine; the
+    text is the ONNX Runtime companion's, and a replica killed mid-generation costs a Resume."""
+    from specsteer.models.tiny import ENGINE_HEADS, tiny_hf_dir
+
+    try:
+        import vllm  # noqa: F401
+    except Exception as exc:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"CI=true: vLLM must be installed ({exc})")
+        pytest.skip(f"vLLM is not importable ({exc})")
+    from specsteer.runtime import load_model
+
+    spec = load_model(tiny_model_dir("llama", seed=0, **ENGINE_HEADS))
+    gen = load_model(tiny_model_dir("llama", seed=1, **ENGINE_HEADS))
+    expected = Client(spec, companion=lambda: LocalChannel.for_verifier(Verifier(gen, spec))
+                      ).generate(SUBJECT, max_new_tokens=40, k=2)
+    cluster.deploy(models={
+        "generalist": str(tiny_hf_dir("llama", seed=1, **ENGINE_HEADS)),
+        "specialist": str(tiny_model_dir("llama", seed=0, **ENGINE_HEADS)),
+        "engine": "vllm", "vllm": {"dtype": "float32", "kv_cache_gib": 0.25}})
+    try:
+        plain = cluster.client(spec).generate(SUBJECT, max_new_tokens=40, k=2,
+                                              offline="wait(120)")
+        assert plain.tokens == expected.tokens and not plain.stats.degraded
+        before = cluster.stats()["sessions"]
+
+        def this_sessions_replica() -> str:
+            now = cluster.stats()["sessions"]
+            [replica] = [r for r, n in now.items() if n > before.get(r, 0)]
+            return replica
+
+        tap = _KillAt(5, this_sessions_replica)  # Hello, OpenSession, then the 3rd draft
+        result = cluster.client(spec, tap=tap).generate(SUBJECT, max_new_tokens=40, k=2,
+                                                        offline="wait(120)")
+        assert tap.killed is not None
+        assert result.tokens == expected.tokens and result.provenance == expected.provenance
+        assert not result.stats.degraded
+        assert [f[1] for f in tap.sent].count(protocol.MessageType.RESUME) == 1
+    finally:
+        cluster.deploy()  # the tiny ONNX Runtime pair again, for the tests after this one
+
+
 def test_a_restarted_ingress_costs_a_reconnect_not_a_token(cluster, tiny_model, reference):
     def ingress() -> str:
         actors = ray.util.list_named_actors(all_namespaces=True)
