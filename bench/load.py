@@ -177,13 +177,28 @@ def replay(
         channel.close()
 
 
-def cpu_seconds(pid: int) -> float | None:
-    """User + system CPU time of a process (Linux /proc), to see whether the companion saturates."""
+def _stat(pid: int) -> list[str] | None:
     try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     except OSError:
         return None
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pid: int) -> float | None:
+    """User + system CPU time of a process and its descendants (Linux /proc): whether the
+    companion saturates, its engine's processes (vLLM's core and worker) included."""
+    stats = {int(p.name): s for p in Path("/proc").iterdir()
+             if p.name.isdigit() and (s := _stat(int(p.name))) is not None}
+    if pid not in stats:
+        return None
+    tree, frontier = {pid}, [pid]
+    while frontier:
+        parent = frontier.pop()
+        children = [child for child, s in stats.items() if int(s[1]) == parent]
+        tree.update(children)
+        frontier += children
+    ticks = sum(int(stats[p][11]) + int(stats[p][12]) for p in tree)
+    return ticks / os.sysconf("SC_CLK_TCK")
 
 
 def run_level(

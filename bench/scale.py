@@ -13,6 +13,19 @@ Serve's proxy and the replicas. Read the table for the shape (where adding a rep
 the machine is the limit), not for GPU numbers; docs/scale.md has the GPU deployment on paper.
 
     flock /tmp/specsteer-heavy.lock python bench/scale.py --replicas 1 2 --devices 1 2 4 8 16 32
+
+`--backend ort|vllm` measures one companion process instead (no Ray), with the Generalist on
+ONNX Runtime with cross-session batching (`serve --batch`) or on a vLLM engine (`serve
+--generalist-engine vllm`, the `export-hf` folder of `--generalist`): the devices replay real
+conversations (`bench/load.py`: one real Client records them against that companion alone,
+then N simulated devices send them at once, sleeping the recorded device time between rounds,
+so this box's cores go to the companion, not to N Specialists). Every reply at N devices is
+checked against the one the companion gave a device alone (a difference is an error, as is a
+refused or dropped request), so the texts are those of an undisturbed companion. Reported per
+N: aggregate tokens/s, p50/p99 round time, companion CPU, errors.
+
+    flock /tmp/specsteer-heavy.lock python bench/scale.py --backend ort vllm \
+        --generalist qwen2.5-1.5b --specialist qwen2.5-0.5b --devices 1 4 16
 """
 
 from __future__ import annotations
@@ -22,6 +35,7 @@ import collections
 import json
 import math
 import os
+import shlex
 import socket
 import statistics
 import sys
@@ -89,8 +103,62 @@ def run_round(url: str, specialist, n: int, generations: int, tokens: int,
             "errors": errors[0], "why": dict(why)}
 
 
+def single_companion(args: argparse.Namespace) -> None:
+    """Each `--backend` as one companion process, N replayed devices (see the docstring)."""
+    sys.path.insert(0, os.path.dirname(__file__))
+    from load import record_traces, run_level, table
+    from rich.console import Console
+
+    from specsteer_companion.process import start_companion
+
+    console = Console(width=150)
+    options = argparse.Namespace(specialist=args.specialist, precision=args.precision,
+                                 method="specsteer", max_new_tokens=args.tokens)
+    rows = []
+    for backend in args.backend:
+        sizing = shlex.split(args.engine_args) if args.engine_args else [
+            "--engine-kv-cache-gib", str(args.engine_kv_cache_gib)]
+        engine = ["--generalist-engine", "vllm", "--engine-dtype", args.engine_dtype, *sizing] \
+            if backend == "vllm" else []
+        generalist = (args.vllm_generalist or args.generalist) if backend == "vllm" \
+            else args.generalist
+        proc, url = start_companion(generalist, args.specialist, args.precision,
+                                    batch=backend == "ort", core=args.companion_core,
+                                    timeout_s=1800, args=engine)
+        try:
+            traces = record_traces(options, url)
+            levels = [run_level(url, traces, n, args.generations, True, proc.pid)
+                      for n in args.devices]
+        finally:
+            proc.terminate()
+            proc.wait(120)
+        tokens = sum(t.tokens for t in traces)
+        wire = sum(len(step.frame) + sum(map(len, step.replies)) for t in traces
+                   for step in t.steps)
+        title = (f"{backend}: {args.generalist} + {args.specialist}, {args.tokens} new tokens, "
+                 f"traces {tokens} tokens, {wire / tokens:.1f} B/token on the wire")
+        console.print(table(levels, title))
+        rows += [{"backend": backend, "bytes_per_token": wire / tokens, **vars(level)}
+                 for level in levels]
+    if args.json:
+        with open(args.json, "w") as handle:
+            json.dump(rows, handle, indent=1)
+    sys.exit(1 if any(row["errors"] for row in rows) else 0)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--backend", nargs="+", choices=["ort", "vllm"],
+                        help="one companion process per engine instead of Ray replicas")
+    parser.add_argument("--precision", default="int8", help="ONNX Runtime models' precision")
+    parser.add_argument("--engine-dtype", default="bfloat16", help="the vLLM folder's dtype")
+    parser.add_argument("--engine-kv-cache-gib", type=float, default=4.0)
+    parser.add_argument("--vllm-generalist", help="the Generalist's HF folder for --backend "
+                        "vllm when --generalist is a compiled folder (registry names resolve)")
+    parser.add_argument("--engine-args", help="serve's --engine-* sizing options instead of "
+                        "--engine-kv-cache-gib, e.g. \"--engine-gpu-memory 0.85\" on a GPU")
+    parser.add_argument("--companion-core", type=int, default=None,
+                        help="pin the companion (and its engine) to this core")
     parser.add_argument("--replicas", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--devices", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32])
     parser.add_argument("--generations", type=int, default=2)
@@ -103,6 +171,8 @@ def main() -> None:
                         "next connection may open before the ingress has seen its last close)")
     parser.add_argument("--json", help="write the rows here too")
     args = parser.parse_args()
+    if args.backend:
+        return single_companion(args)
     per_address = args.per_address_cap or 2 * max(args.devices)
 
     import ray

@@ -34,7 +34,8 @@ def start_companion(
 ) -> tuple[subprocess.Popen[str], str]:
     """Start a companion on a free loopback port; return it and its ws:// (or wss://) URL.
 
-    `batch` serves with `--batch` (cross-session batched passes, default limits).
+    `batch` serves with `--batch` (cross-session batched passes, default limits); with
+    `args=["--generalist-engine", "vllm", ...]` the Generalist runs on a vLLM engine.
     `open_access` adds `--open`; without it pass `--tokens STORE` in `args` (or set
     $SPECSTEER_COMPANION_HOME). `args` go to `serve` as they are (e.g. `--cert`, `--key`).
     `descriptor_limit` sets the child's `ulimit -n`. `startup` receives the lines the child

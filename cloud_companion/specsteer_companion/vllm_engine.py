@@ -97,6 +97,7 @@ class VllmOptions:
         args: dict[str, Any] = dict(
             model=self.model, dtype=self.dtype, enable_prefix_caching=True,
             max_logprobs=self.max_logprobs, skip_tokenizer_init=True, seed=self.seed,
+            disable_log_stats=True,  # the companion logs its own `EngineStats`
             tensor_parallel_size=self.tensor_parallel_size,
             enforce_eager=on_cpu if self.eager is None else self.eager,
         )
