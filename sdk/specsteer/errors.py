@@ -138,3 +138,8 @@ class CompanionLimitError(SpecSteerError, RuntimeError):
 
 class InvalidQuery(HistoryError, ValueError):
     """A prompt query item lacks the field its task needs (e.g. "title" for "abstract")."""
+
+
+class PrivateDraftsWarning(UserWarning):
+    """Settings under which drafts that copy the user's private history leave the device
+    (`Params(leak_guard="allow")`): an explicit opt-in, said out loud once per process."""

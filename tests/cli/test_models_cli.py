@@ -109,7 +109,8 @@ def test_list_json_on_empty_home(home):
 
 
 @pytest.mark.parametrize(
-    "command", [["path"], ["verify"], ["fetch"], ["compile"], ["path", "--precision", "int8"]]
+    "command", [["path"], ["verify"], ["fetch"], ["compile"], ["path", "--precision", "int8"],
+                ["export-hf"]]
 )
 def test_unknown_model_is_a_clear_error(home, command):
     result = invoke(*command[:1], "no-such-model", *command[1:])
@@ -250,6 +251,20 @@ def test_compile_before_fetch(fake):
     assert_user_error(
         invoke("compile", spec.name), "not fetched", f"specsteer models fetch {spec.name}"
     )
+    assert_user_error(
+        invoke("export-hf", spec.name), "not fetched", f"specsteer models fetch {spec.name}"
+    )
+
+
+def test_export_hf_refuses_a_bad_dtype_and_a_foreign_folder(fake, tmp_path):
+    spec, _ = fake
+    assert_user_error(invoke("export-hf", spec.name, "--dtype", "int8"), "dtype must be one of")
+    foreign = tmp_path / "mine"
+    foreign.mkdir()
+    (foreign / "notes.txt").write_text("not an export")
+    assert_user_error(invoke("export-hf", spec.name, "--out", str(foreign)),
+                      "is not an export of ours")
+    assert (foreign / "notes.txt").read_text() == "not an export"
 
 
 def test_every_command_is_documented():
@@ -257,6 +272,6 @@ def test_every_command_is_documented():
 
     guide = (Path(__file__).resolve().parents[2] / "docs" / "models.md").read_text()
     names = [c.name or c.callback.__name__ for c in models_cli.app.registered_commands]
-    assert sorted(names) == ["compile", "fetch", "list", "path", "verify"]
+    assert sorted(names) == ["compile", "export-hf", "fetch", "list", "path", "verify"]
     for name in names:
         assert f"### `specsteer models {name}" in guide

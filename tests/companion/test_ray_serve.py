@@ -380,7 +380,8 @@ def _until(condition, within_s: float = 20) -> None:  # type: ignore[no-untyped-
         time.sleep(0.2)
 
 
-def test_a_killed_replica_costs_a_resync_not_a_token(cluster, tiny_model, reference):
+def _generate_killing_its_replica(cluster, model, offline: str):  # type: ignore[no-untyped-def]
+    """A generation whose replica is killed at its third draft: (result, the kill tap)."""
     before = cluster.stats()["sessions"]
 
     def this_sessions_replica() -> str:
@@ -389,9 +390,14 @@ def test_a_killed_replica_costs_a_resync_not_a_token(cluster, tiny_model, refere
         return replica
 
     tap = _KillAt(5, this_sessions_replica)  # Hello, OpenSession, then the 3rd draft
-    client = cluster.client(tiny_model, tap=tap)
-    result = client.generate(SUBJECT, max_new_tokens=40, k=2, offline="wait(60)")
+    result = cluster.client(model, tap=tap).generate(SUBJECT, max_new_tokens=40, k=2,
+                                                     offline=offline)
     assert tap.killed is not None
+    return result, tap
+
+
+def test_a_killed_replica_costs_a_resync_not_a_token(cluster, tiny_model, reference):
+    result, tap = _generate_killing_its_replica(cluster, tiny_model, "wait(60)")
     assert result.tokens == reference.tokens and result.provenance == reference.provenance
     assert not result.stats.degraded
     resumes = [f for f in tap.sent if f[1] == protocol.MessageType.RESUME]
@@ -437,17 +443,7 @@ def test_replicas_on_vllm_engines_cost_a_resync_when_killed(cluster):
         plain = cluster.client(spec).generate(SUBJECT, max_new_tokens=40, k=2,
                                               offline="wait(120)")
         assert plain.tokens == expected.tokens and not plain.stats.degraded
-        before = cluster.stats()["sessions"]
-
-        def this_sessions_replica() -> str:
-            now = cluster.stats()["sessions"]
-            [replica] = [r for r, n in now.items() if n > before.get(r, 0)]
-            return replica
-
-        tap = _KillAt(5, this_sessions_replica)  # Hello, OpenSession, then the 3rd draft
-        result = cluster.client(spec, tap=tap).generate(SUBJECT, max_new_tokens=40, k=2,
-                                                        offline="wait(120)")
-        assert tap.killed is not None
+        result, tap = _generate_killing_its_replica(cluster, spec, "wait(120)")
         assert result.tokens == expected.tokens and result.provenance == expected.provenance
         assert not result.stats.degraded
         assert [f[1] for f in tap.sent].count(protocol.MessageType.RESUME) == 1

@@ -339,3 +339,34 @@ def test_export_hf_folder_is_what_vllm_loads(tmp_path):
     assert folder_identity(folder) == ("tiny-engine", manifest["artifact_sha256"]) == (
         "tiny-engine", digest)
     assert Path(folder / "specsteer.json").is_file()
+
+
+@pytest.mark.real_model
+def test_a_registry_model_exported_for_vllm_scores_as_onnx_runtime_does(tmp_path):
+    """`specsteer models export-hf` on a real registry model (SmolLM2-135M, fp32): the folder
+    loads in vLLM and its rows are the fp32 ONNX Runtime compile's."""
+    _vllm_or_skip()
+    from conftest import real_model
+
+    from specsteer.models.export_hf import export_hf_folder
+    from specsteer_companion.vllm_engine import VllmOptions, VllmScoring
+
+    onnx = real_model("smollm2-135m", "fp32")  # fetches the GGUF on first use
+    folder = export_hf_folder("smollm2-135m", "float32", out=tmp_path / "hf")
+    manifest = json.loads((folder / "specsteer.json").read_text())
+    assert manifest["dtype"] == "float32" and manifest["format"] == "hf"
+    config = json.loads((folder / "config.json").read_text())
+    assert "quantization_config" not in config and config["architectures"]
+    engine = VllmScoring(VllmOptions(model=str(folder), kv_cache_gib=0.25))
+    try:
+        assert engine.sha256 == manifest["artifact_sha256"]
+        ids = onnx.tokenizer.encode("The budget for the next quarter stays as it is, and the "
+                                    "team will meet on Friday to review the revised draft.")
+        prompt, cont = ids[:8], ids[8:]
+        got = engine.open(prompt, max_length=256, temperature=1.0, owner="t").score(cont, 0, 8)
+        want = TrackScoring(onnx).open(prompt, max_length=256, temperature=1.0).score(cont, 0, 8)
+        np.testing.assert_allclose(got.taken(), want.taken(), atol=2e-3)
+        same = [got.top(j, 1)[0][0] == want.top(j, 1)[0][0] for j in range(len(cont) + 1)]
+        assert sum(same) >= len(same) - 1
+    finally:
+        engine.close()

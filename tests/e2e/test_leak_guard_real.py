@@ -49,7 +49,8 @@ def pair():
     return _compiled("qwen2.5-0.5b"), _compiled("qwen2.5-1.5b")
 
 
-def _generate(pair, policy: str, n: int = N):
+def _generate(pair, policy: str | None, n: int = N):
+    """policy None: the default settings (no leak_guard given)."""
     specialist, generalist = pair
     history = HistoryStore(memory=True)
     for title, body in RECORDS:
@@ -59,9 +60,9 @@ def _generate(pair, policy: str, n: int = N):
     client = Client(specialist, history=history, max_prompt_tokens=384,
                     companion=lambda: LocalChannel.for_verifier(verifier),
                     tap=lambda d, f: frames.append((d, f)))
+    guard = {} if policy is None else {"leak_guard": policy}
     result = client.generate(SUBJECT, max_new_tokens=72, gamma=0.1, offline="fail",
-                             pipeline=False, warm_start=False, leak_guard=policy,
-                             leak_guard_n=n)
+                             pipeline=False, warm_start=False, leak_guard_n=n, **guard)
     _, prompt = client.render(SUBJECT)
     private = private_windows(list(prompt.private_ids), list(prompt.public_ids), N)
     return result, copied_ids_sent(frames, private), text_sent(specialist.tokenizer, frames)
@@ -98,3 +99,11 @@ def test_redact_and_hold_send_no_private_window_address_or_number(pair, allowed,
         assert result.stats.leak_held > 0 and result.provenance[-1] == "local"
     else:
         assert result.stats.leak_redacted > 0 and "local" not in result.provenance
+
+
+def test_the_default_settings_keep_the_copy_on_the_device(pair, allowed):
+    """Private by default: the copy `allow` sends never goes up with no leak_guard given."""
+    result, copied, sent = _generate(pair, None)
+    assert result.stats.leak_flagged > 0 and result.stats.leak_held > 0
+    assert copied == 0
+    assert LOCAL_PART not in sent.lower() and LOCAL_NUMBER not in _digits(sent)
