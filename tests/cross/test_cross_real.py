@@ -53,8 +53,8 @@ class _Capturing(Verifier):
 
     last: CrossVerifierSession | None = None
 
-    def open(self, request, committed=()):  # type: ignore[override]
-        session = super().open(request, committed)
+    def open(self, request, committed=(), *, owner=""):  # type: ignore[override]
+        session = super().open(request, committed, owner=owner)
         if isinstance(session, CrossVerifierSession):
             type(self).last = session
         return session

@@ -42,6 +42,7 @@ def export_hf(gguf: Path, out: Path, dtype: str = "float32") -> None:
 
     out.mkdir(parents=True, exist_ok=True)
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    _keep_gguf_special_tokens(tokenizer, gguf)
     model = AutoModelForCausalLM.from_pretrained(
         gguf.parent, gguf_file=gguf.name, dtype=getattr(torch, dtype)
     )
@@ -60,6 +61,23 @@ def export_hf(gguf: Path, out: Path, dtype: str = "float32") -> None:
     config["dtype"] = dtype  # what the weights are: engines that read it ("auto") load them so
     _flatten_rope_parameters(config)
     config_path.write_text(json.dumps(config, indent=2))
+
+
+def _keep_gguf_special_tokens(tokenizer, gguf: Path) -> None:
+    """Make the saved tokenizer add the start/end tokens the GGUF says the model was trained with.
+
+    transformers' GGUF reading of these flags changes between versions (5.19 drops Gemma-3's
+    `add_bos_token`, so its tokenizer.json would encode without <bos> and every Gemma prompt
+    would start wrong); the file's own metadata is the reference, whatever transformers is here.
+    """
+    from gguf import GGUFReader
+
+    fields = GGUFReader(str(gguf)).fields
+    for key, attribute in (("tokenizer.ggml.add_bos_token", "add_bos_token"),
+                           ("tokenizer.ggml.add_eos_token", "add_eos_token")):
+        field = fields.get(key)
+        if field is not None and hasattr(tokenizer, attribute):
+            setattr(tokenizer, attribute, bool(field.contents()))
 
 
 def _flatten_rope_parameters(config: dict) -> None:
