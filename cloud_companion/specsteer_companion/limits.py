@@ -44,9 +44,23 @@ DEFAULT_MAX_CONNECTIONS_PER_ADDRESS = 32
 # keeps FD_RESERVE descriptors free for its own files and one accept batch).
 DEFAULT_MAX_CONNECTIONS = 1024
 FD_RESERVE = 128
+# Connections that have not logged in yet, at most: half of the total, so that an attacker who
+# opens sockets from many addresses and never logs in cannot take the slots of devices that do
+# (the other half is kept for logged-in connections), and further lowered to half of a total
+# lowered by the descriptor limit. When the pool is full the next connection still gets in: the
+# oldest connection of the address holding the most pre-login slots is closed to make room.
+DEFAULT_MAX_UNAUTHENTICATED = 512
 # Seconds from accepting a TCP connection to an accepted Hello (websocket handshake included):
 # a device sends its Hello at once, so only an attacker holding sockets open needs longer.
 DEFAULT_HELLO_TIMEOUT_S = 5.0
+# Seconds a logged-in device may stay silent before its connection (and KV caches) are freed.
+DEFAULT_IDLE_TIMEOUT_S = 120.0
+# How often the tokens of live connections are re-checked against the store (revocation).
+DEFAULT_REVOCATION_CHECK_S = 2.0
+# Ids a Draft or RowRequest may commit for free: the token the device chose from the previous
+# reply (the accepted drafts are already held by the companion). Beyond that, committed ids
+# are prefill work and are charged to the prompt budget like an OpenSession's prompt.
+FREE_COMMITTED_IDS = 1
 
 
 class TokenBucket:
@@ -111,6 +125,12 @@ def connection_cap(max_connections: int, descriptor_limit: int | None) -> int:
     if descriptor_limit is None:
         return max_connections
     return max(1, min(max_connections, descriptor_limit - FD_RESERVE))
+
+
+def unauthenticated_cap(max_unauthenticated: int, total: int) -> int:
+    """Connections admitted before login: `max_unauthenticated`, at most half of `total` (the
+    other half is kept for logged-in devices); at least 1."""
+    return max(1, min(max_unauthenticated, total // 2))
 
 
 class SessionCounter:

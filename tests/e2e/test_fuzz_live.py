@@ -643,10 +643,10 @@ def test_fuzzer_against_a_live_companion(tiny_model, tiny_generalist):
 
         # still serving: every session the fuzzer opened was released, and a device is served
         for _ in range(50):
-            if server._sessions.active() == 0:
+            if server.open_sessions() == 0:
                 break
             time.sleep(0.1)
-        assert server._sessions.active() == 0
+        assert server.open_sessions() == 0
         for n, (query, params) in enumerate(CASES):
             again = client.generate(query, max_new_tokens=24, offline="fail", **params)
             assert again.tokens == reference[n] and not again.stats.degraded
