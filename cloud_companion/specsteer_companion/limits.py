@@ -44,6 +44,15 @@ DEFAULT_MAX_CONNECTIONS_PER_ADDRESS = 32
 # keeps FD_RESERVE descriptors free for its own files and one accept batch).
 DEFAULT_MAX_CONNECTIONS = 1024
 FD_RESERVE = 128
+# Connections accepted per turn of the event loop (asyncio takes its listen backlog for this).
+# Each new one may shed an older one whose descriptor is freed a turn later, so up to two
+# batches are in flight beyond the cap: 2 x 32 fits the reserve with room for the server's own.
+ACCEPT_BATCH = 32
+# Connections the kernel queues before the server accepts them (capped by net.core.somaxconn).
+# A flood keeps hundreds of connects in flight; a short queue would be full of them and drop
+# a device's SYN, which it then resends only after 1, 3, 7 s. Queued connections hold no
+# descriptor of the server.
+LISTEN_BACKLOG = 4096
 # Connections that have not logged in yet, at most: half of the total, so that an attacker who
 # opens sockets from many addresses and never logs in cannot take the slots of devices that do
 # (the other half is kept for logged-in connections), and further lowered to half of a total

@@ -18,10 +18,11 @@ import asyncio
 import contextlib
 import errno
 import logging
+import socket
 import ssl
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from functools import partial
 
 from websockets.asyncio.server import ServerConnection, serve
@@ -32,6 +33,7 @@ from specsteer_companion import logthrottle
 from specsteer_companion.admission import AdmissionGate, Entry, Refusal, ServerConfig
 from specsteer_companion.batching import BatchingModel
 from specsteer_companion.endpoint import Authenticator, CompanionEndpoint
+from specsteer_companion.limits import ACCEPT_BATCH, LISTEN_BACKLOG
 from specsteer_companion.revocation import REVOKED_MESSAGE, RevocationCheck, watch_revocations
 from specsteer_companion.scheduler import FairExecutor
 from specsteer_companion.verifier import Verifier
@@ -208,7 +210,9 @@ class CompanionServer:
                              ssl=self.ssl_context, create_connection=self._connection_class(),
                              open_timeout=self.config.hello_timeout_s,
                              max_size=self.limits.max_message_bytes, compression=None,
-                             ping_interval=20, ping_timeout=20) as server:
+                             ping_interval=20, ping_timeout=20,
+                             backlog=ACCEPT_BATCH) as server:
+                _queue_more_than_a_batch(server.sockets)
                 self.port = next(iter(server.sockets)).getsockname()[1]
                 log.info("companion listening on %s:%s (at most %d connections, %d per address, "
                          "%d before login)", self.config.host, self.port,
@@ -252,6 +256,15 @@ class CompanionServer:
         finally:
             loop.call_soon_threadsafe(stop.set)
             thread.join(10)
+
+
+def _queue_more_than_a_batch(sockets: Iterable[socket.socket]) -> None:
+    """asyncio uses one number as the listen backlog and the accept batch: listen again with
+    `LISTEN_BACKLOG` (on a duplicate of each descriptor: the same socket) so that a flood's
+    pending connects do not fill the kernel's queue and drop a device's."""
+    for listening in sockets:
+        with socket.fromfd(listening.fileno(), listening.family, listening.type) as same:
+            same.listen(LISTEN_BACKLOG)
 
 
 _RESOURCE_ERRORS = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)

@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import resource
 import socket
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from manual_clock import ManualClock
@@ -354,3 +356,56 @@ def test_fd_pressure_in_a_child_with_a_low_ulimit(tmp_path):
     assert sum("had not logged in" in line for line in lines) <= 2 * THROTTLE.per_window
     assert any(f"at most {limit - FD_RESERVE} connections" in line
                and f"{pool} before login" in line for line in startup)
+
+
+def _flood_module():  # type: ignore[no-untyped-def]
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+    import flood
+
+    return flood
+
+
+def _descriptors_for_the_flood(needed: int) -> None:
+    """This process holds the flood's sockets: raise its soft `ulimit -n` to fit them."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    assert hard == resource.RLIM_INFINITY or hard >= needed, \
+        f"the flood needs {needed} descriptors here; the hard limit is {hard}"
+    if soft != resource.RLIM_INFINITY and soft < needed:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (needed, hard))
+
+
+@pytest.mark.parametrize(("addresses", "per_address", "descriptor_limit"), [
+    (13, 32, 256),  # issue 28: 13 addresses took a 256-descriptor companion (0 of 12 logins)
+    (40, 28, 4096),  # and 1,100 sockets from 40 addresses the default caps (0 of 10)
+], ids=["ulimit-256", "defaults"])
+def test_a_device_logs_in_and_generates_during_a_distributed_flood(
+        tmp_path, addresses, per_address, descriptor_limit):
+    """Silent sockets from many addresses, each reopened as soon as the companion drops it:
+    every login of a real device (with its token) during the flood succeeds, because the
+    flood can hold at most the pre-login half of the slots and a lone device's connection
+    is never the one shed. Timings are bench/flood.py's, not this test's."""
+    from specsteer.runtime import load_model
+
+    flood = _flood_module()
+    _descriptors_for_the_flood(addresses * per_address + 512)
+    tokens = TokenStore(tmp_path / "tokens.db")
+    secret = tokens.create("legit-device").secret
+    proc, url = start_companion(str(tiny_model_dir("llama", seed=1)),
+                                str(tiny_model_dir("llama", seed=0)), timeout_s=120,
+                                open_access=False, descriptor_limit=descriptor_limit,
+                                args=["--tokens", str(tokens.path)])
+    model = load_model(tiny_model_dir("llama", seed=0))
+    try:
+        hosts = [f"127.0.1.{n + 1}" for n in range(addresses)]
+        with flood.Flood(_port(url), hosts, per_address) as attack:
+            assert _wait_for(lambda: attack.counts.dropped >= 2 * per_address, 60)
+            for _ in range(3):
+                client = Client(model, companion=url, token=secret, connect_timeout_s=60)
+                result = client.generate("Team offsite", max_new_tokens=8, offline="fail")
+                assert not result.stats.degraded
+            assert attack.counts.dropped > attack.counts.failed  # it went on all along
+        assert proc.poll() is None
+    finally:
+        proc.terminate()
+        out, _ = proc.communicate(timeout=30)
+    assert "Traceback" not in out and "out of file descriptors" not in out, out[-3000:]
