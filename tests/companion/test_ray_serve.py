@@ -582,7 +582,8 @@ def test_the_example_cluster_config_is_valid():
     ({}, "token store"),
     ({"open_access": True, "verifier": {"replicas": 2}}, "unknown key"),
     ({"open_access": True, "ingress": {"replicas": 2}}, "unknown key"),  # one ingress, always
-    ({"open_access": True, "ingress": {"max_sessions": 0}}, "ingress: max_sessions must be an integer >= 1"),
+    ({"open_access": True, "ingress": {"max_sessions": 0}},
+     "ingress: max_sessions must be an integer >= 1"),
     ({"open_access": True, "ingress": {"revocation_check_s": 0}}, "revocation_check_s"),
 ])
 def test_bad_configs_say_what_to_fix(data, message):

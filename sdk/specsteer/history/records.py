@@ -12,7 +12,7 @@ import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import date, datetime, timezone
+from datetime import UTC, date, datetime
 from typing import Any
 
 from specsteer.errors import InvalidRecord
@@ -95,7 +95,7 @@ def normalize_time(value: str | int | date | datetime | None) -> str | None:
     else:
         raise InvalidRecord(f"created_at must be a string or date, got {type(value).__name__}")
     if moment.tzinfo is not None:
-        moment = moment.astimezone(timezone.utc).replace(tzinfo=None)
+        moment = moment.astimezone(UTC).replace(tzinfo=None)
     return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
