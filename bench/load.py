@@ -25,14 +25,18 @@ tables compare directly (and every batched reply is checked against the plain co
 
 `--abusers K` runs the starvation scenario of issue 19 instead: one legitimate device replays
 its recorded generations alone, then again while K other token holders (each its own device
-token in the companion's store) reopen sessions over `--abuser-prompt-tokens`-token prompts as
-fast as the companion answers, reconnecting whenever it refuses them. Reported: the legitimate
+token in the companion's store) make the companion prefill as fast as it answers, reconnecting
+whenever it refuses them: `--attack reopen` reopens sessions over `--abuser-prompt-tokens`-token
+prompts (issue 19), `--attack committed` opens a 1-token session and sends Drafts whose
+`committed_ids` carry `--abuser-prompt-tokens` ids each (issue 28: committed ids were not
+charged to the prompt budget). Reported: the legitimate
 device's round latency (p50/p99) alone and under abuse, and the abusers' served and refused
 opens. It runs on a companion with the default limits and on one with the prompt budget lifted
 (what fair scheduling does alone); `--before-pythonpath DIR` adds a companion run from another
 checkout (the code before the defences) for the "before" number:
 
     python bench/load.py --abusers 3 --workers 1 --generations 8 --json bench-starvation.json
+    python bench/load.py --abusers 3 --attack committed --workers 1 --generations 8
 """
 
 from __future__ import annotations
@@ -289,8 +293,11 @@ def main() -> None:
         help="send each request as soon as the previous reply arrived",
     )
     ap.add_argument("--abusers", type=int, default=0,
-                    help="starvation scenario: token holders reopening long prompts (0: off)")
+                    help="starvation scenario: token holders making the companion prefill "
+                    "(--attack; 0: off)")
     ap.add_argument("--abuser-prompt-tokens", type=int, default=2040)
+    ap.add_argument("--attack", choices=["reopen", "committed"], default="reopen",
+                    help="with --abusers: long prompts reopened, or long committed_ids in Drafts")
     ap.add_argument("--abuse-warmup-s", type=float, default=3.0,
                     help="abuse before the device is measured (spends the first burst)")
     ap.add_argument("--before-pythonpath",
@@ -377,16 +384,19 @@ def main() -> None:
 class Abuse:
     """What the abusing token holders got while the legitimate device was measured."""
 
-    opened: int = 0  # OpenSessions served: prompts the companion prefilled
-    refused: int = 0  # OpenSessions or Hellos answered with an Error (the connection then ends)
+    prefilled: int = 0  # long prefills served: prompts reopened, or committed_ids verified
+    refused: int = 0  # OpenSessions, Drafts or Hellos answered with an Error (the connection ends)
     logins: int = 0
     dropped: int = 0  # connections that failed otherwise (refused at accept, reset, timeout)
     reasons: dict[str, int] = field(default_factory=dict)
 
 
 def abuse(url: str, hello: protocol.Hello, token: str, opening: protocol.OpenSession,
-          stop: threading.Event, tally: Abuse, lock: threading.Lock) -> None:
-    """One token holder: log in, reopen the long-prompt session until refused, reconnect."""
+          stop: threading.Event, tally: Abuse, lock: threading.Lock, attack: str) -> None:
+    """One token holder: log in, make the companion prefill `opening`'s prompt again and again
+    (reopened, or as the committed ids of Drafts in a 1-token session) until refused;
+    reconnect."""
+    short = protocol.OpenSession(opening.prompt_ids[:1], opening.settings)
     while not stop.is_set():
         try:
             channel = WebSocketChannel(url, open_timeout=REPLY_TIMEOUT_S)
@@ -396,17 +406,21 @@ def abuse(url: str, hello: protocol.Hello, token: str, opening: protocol.OpenSes
             time.sleep(0.01)
             continue
         try:
-            channel.send(protocol.encode(protocol.Hello(
-                hello.generalist_sha256, hello.specialist_sha256, token, "abuser")))
-            reply = protocol.decode(channel.recv(REPLY_TIMEOUT_S), protocol.Limits())
+            reply = _exchange(channel, protocol.Hello(
+                hello.generalist_sha256, hello.specialist_sha256, token, "abuser"))
             if not isinstance(reply, protocol.Error):
                 with lock:
                     tally.logins += 1
+                if attack == "committed":
+                    reply = _exchange(channel, short)
+            number = 0
             while not stop.is_set() and not isinstance(reply, protocol.Error):
-                channel.send(protocol.encode(opening))
-                reply = protocol.decode(channel.recv(REPLY_TIMEOUT_S), protocol.Limits())
+                request: protocol.Message = opening if attack == "reopen" else \
+                    protocol.Draft(number, opening.prompt_ids, ())
+                reply = _exchange(channel, request)
+                number += 1
                 with lock:
-                    tally.opened += isinstance(reply, protocol.SessionOpened)
+                    tally.prefilled += isinstance(reply, protocol.SessionOpened | protocol.Verdict)
             if isinstance(reply, protocol.Error):
                 why = reply.message.split(":")[0]
                 with lock:
@@ -417,6 +431,11 @@ def abuse(url: str, hello: protocol.Hello, token: str, opening: protocol.OpenSes
                 tally.dropped += 1
         finally:
             channel.close()
+
+
+def _exchange(channel: WebSocketChannel, message: protocol.Message) -> protocol.Message:
+    channel.send(protocol.encode(message))
+    return protocol.decode(channel.recv(REPLY_TIMEOUT_S), protocol.Limits())
 
 
 def starvation(args: argparse.Namespace, console: Console) -> list[dict]:
@@ -450,7 +469,8 @@ def starvation(args: argparse.Namespace, console: Console) -> list[dict]:
                 alone = run_level(url, traces, 1, args.generations, not args.no_pacing, proc.pid)
                 stop, lock, tally = threading.Event(), threading.Lock(), Abuse()
                 threads = [threading.Thread(target=abuse, args=(url, hello, token, opening, stop,
-                                                                tally, lock), daemon=True)
+                                                                tally, lock, args.attack),
+                                            daemon=True)
                            for token in abusers]
                 for thread in threads:
                     thread.start()
@@ -471,22 +491,24 @@ def starvation(args: argparse.Namespace, console: Console) -> list[dict]:
                 proc.wait(10)
             results.append(dict(
                 companion=name, alone=asdict(alone), abused=asdict(abused),
-                abuse=dict(during, opened_per_s=during["opened"] / abused.wall_s,
-                           prompt_tokens_per_s=during["opened"] * args.abuser_prompt_tokens
+                abuse=dict(during, prefilled_per_s=during["prefilled"] / abused.wall_s,
+                           prompt_tokens_per_s=during["prefilled"] * args.abuser_prompt_tokens
                            / abused.wall_s, reasons_whole_run=reasons)))
             console.print(f"{name}: round p50 {alone.round_p50_ms:.1f} ms alone, "
                           f"{abused.round_p50_ms:.1f} ms beside {args.abusers} abusers "
-                          f"({during['opened']} long prompts served, {during['refused']} "
+                          f"({during['prefilled']} long prefills served, {during['refused']} "
                           "refused meanwhile)")
     return results
 
 
 def starvation_table(results: list[dict], args: argparse.Namespace) -> Table:
-    out = Table(title=f"one device's rounds beside {args.abusers} token holders reopening "
-                      f"{args.abuser_prompt_tokens}-token prompts ({args.workers} worker(s), "
+    what = ("reopening {n}-token prompts" if args.attack == "reopen" else
+            "sending Drafts with {n} committed ids").format(n=args.abuser_prompt_tokens)
+    out = Table(title=f"one device's rounds beside {args.abusers} token holders {what} "
+                      f"({args.workers} worker(s), "
                       f"{Path(args.generalist).name} + {Path(args.specialist).name})")
     for name in ["companion", "p50 alone ms", "p99 alone", "p50 abused ms", "p99 abused",
-                 "p50 ratio", "long prompts served/s", "refused", "device errors"]:
+                 "p50 ratio", "long prefills served/s", "refused", "device errors"]:
         out.add_column(name, justify="right")
     for r in results:
         alone, abused, abuse_ = r["alone"], r["abused"], r["abuse"]
@@ -494,7 +516,7 @@ def starvation_table(results: list[dict], args: argparse.Namespace) -> Table:
                     f"{alone['round_p99_ms']:.1f}", f"{abused['round_p50_ms']:.1f}",
                     f"{abused['round_p99_ms']:.1f}",
                     f"{abused['round_p50_ms'] / max(alone['round_p50_ms'], 1e-9):.1f}x",
-                    f"{abuse_['opened_per_s']:.1f}", str(abuse_["refused"]),
+                    f"{abuse_['prefilled_per_s']:.1f}", str(abuse_["refused"]),
                     str(alone["errors"] + abused["errors"]))
     return out
 
