@@ -36,7 +36,14 @@ from specsteer_companion.verifier import Verifier, VerifierSession
 
 log = logging.getLogger("specsteer_companion")
 _connection_ids = itertools.count(1)  # open mode's identities: never sent to a device
-SESSION_ID_BITS = 53  # random: a device learns nothing of other sessions; exact in JSON numbers
+# Session ids are random, so a device learns nothing of other sessions from its own: 52 random
+# bits under a top bit of 2**52, so every id is exact in a JSON number and takes the same 8
+# varint bytes (byte counts do not vary from session to session).
+SESSION_ID_BITS = 53
+
+
+def new_session_id() -> int:
+    return secrets.randbits(SESSION_ID_BITS - 1) | 1 << (SESSION_ID_BITS - 1)
 
 # Returns an identity (e.g. the device name) for a valid token, None to refuse.
 Authenticator = Callable[[str], "str | None"]
@@ -188,7 +195,7 @@ class CompanionEndpoint:
             log.info("%s: resumed a session at round %d over %d prompt + %d committed tokens",
                      self.identity, request.round, len(request.prompt_ids),
                      len(request.committed_ids))
-        self.conn.session_opened(secrets.randbits(SESSION_ID_BITS))
+        self.conn.session_opened(new_session_id())
 
     def _end_session(self) -> None:
         if self.session is not None:
