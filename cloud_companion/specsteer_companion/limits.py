@@ -101,12 +101,26 @@ class TokenBucket:
                 return True
             return False
 
-    def retry_after(self, n: float = 1) -> float:
-        """Seconds until `n` tokens will be available (0 if they are now), for a retry hint."""
-        self._check(n)
+    def try_charge(self, n: float) -> bool:
+        """Take `n` tokens, any number: up to the burst as `try_acquire`, and more only from a
+        full bucket, which then owes the rest (it refills from below zero). Whatever the sizes,
+        what is taken by time t never exceeds burst + rate x t plus one request's excess over
+        the burst."""
+        if not n > 0:
+            raise CompanionConfigError(f"cannot charge {n} tokens")
         with self._lock:
             self._refill()
-            return max(0.0, (n - self._tokens) / self.rate)
+            if self._tokens >= min(n, self.burst):
+                self._tokens -= n
+                return True
+            return False
+
+    def retry_after(self, n: float = 1) -> float:
+        """Seconds until `n` tokens (a full bucket, for more than the burst) will be available
+        (0 if they are now), for a retry hint."""
+        with self._lock:
+            self._refill()
+            return max(0.0, (min(n, self.burst) - self._tokens) / self.rate)
 
     @property
     def available(self) -> float:
@@ -201,17 +215,16 @@ class PrefillBudget:
 
     def wait_s(self, identity: str, tokens: int) -> float | None:
         """None if `identity` may prefill `tokens` more prompt tokens now (they are taken), else
-        the seconds until it may. A prompt longer than the burst costs the whole burst, so it
-        can still be served."""
+        the seconds until it may. A prompt longer than the burst is served from a full budget
+        and leaves it owing the rest (`TokenBucket.try_charge`)."""
         with self._lock:
             bucket = self._buckets.get(identity)
             if bucket is None:
                 bucket = self._buckets[identity] = TokenBucket(self.rate, self.burst,
                                                                clock=self._clock)
-        cost = min(tokens, bucket.burst)
-        if bucket.try_acquire(cost):
+        if bucket.try_charge(tokens):
             return None
-        return bucket.retry_after(cost)
+        return bucket.retry_after(tokens)
 
     def forget_full(self, live: Collection[str]) -> None:
         """Drop the buckets that have refilled (a new one would be the same) of identities not

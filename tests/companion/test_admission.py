@@ -156,6 +156,22 @@ def test_every_way_to_make_the_companion_prefill_is_charged(message, charged):
     assert gate.check(entry, _frame(message), LIMITS) == message
 
 
+def test_a_prefill_longer_than_the_burst_is_served_from_a_full_budget_and_owed():
+    clock = ManualClock()
+    gate = _gate(clock, prefill_tokens_per_second=10, prefill_burst=500)
+    entry = _login(gate, "127.0.0.2", "token")
+    long, short = (_frame(protocol.OpenSession((1,) * n, SETTINGS)) for n in (800, 1))
+    assert isinstance(gate.check(entry, long, LIMITS), protocol.OpenSession)
+    refused = gate.check(entry, short, LIMITS)  # the budget owes 300: 30.1 s to one token
+    assert refused.message == "prompt budget exhausted: 1 prompt tokens, retry in 30.1 s"
+    clock.advance(30.0)
+    assert isinstance(gate.check(entry, short, LIMITS), Refusal)
+    clock.advance(0.2)
+    assert isinstance(gate.check(entry, short, LIMITS), protocol.OpenSession)
+    clock.advance(1000)  # a full budget again: the next long one is served, not refused forever
+    assert isinstance(gate.check(entry, long, LIMITS), protocol.OpenSession)
+
+
 def test_a_round_s_own_committed_id_and_drafts_cost_no_budget():
     gate = _gate(prefill_tokens_per_second=0.001, prefill_burst=1)
     entry = _login(gate, "127.0.0.2", "token")
