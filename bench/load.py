@@ -25,7 +25,8 @@ tables compare directly (and every batched reply is checked against the plain co
 
 `--abusers K` runs the starvation scenario of issue 19 instead: one legitimate device replays
 its recorded generations alone, then again while K other token holders (each its own device
-token in the companion's store) make the companion prefill as fast as it answers, reconnecting
+token in the companion's store, each its own process, so that their frames are not built under
+the measured device's GIL) make the companion prefill as fast as it answers, reconnecting
 whenever it refuses them: `--attack reopen` reopens sessions over `--abuser-prompt-tokens`-token
 prompts (issue 19), `--attack committed` opens a 1-token session and sends Drafts whose
 `committed_ids` carry `--abuser-prompt-tokens` ids each (issue 28: committed ids were not
@@ -43,6 +44,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import os
 import platform
 import statistics
@@ -380,19 +382,40 @@ def main() -> None:
         sys.exit(1)
 
 
-@dataclass
-class Abuse:
-    """What the abusing token holders got while the legitimate device was measured."""
+ABUSE_FIELDS = ("prefilled", "refused", "logins", "dropped")
+# prefilled: long prefills served (prompts reopened, or committed_ids verified); refused:
+# OpenSessions, Drafts or Hellos answered with an Error (the connection then ends); dropped:
+# connections that failed otherwise (refused at accept, reset, timeout)
 
-    prefilled: int = 0  # long prefills served: prompts reopened, or committed_ids verified
-    refused: int = 0  # OpenSessions, Drafts or Hellos answered with an Error (the connection ends)
-    logins: int = 0
-    dropped: int = 0  # connections that failed otherwise (refused at accept, reset, timeout)
-    reasons: dict[str, int] = field(default_factory=dict)
+
+class Tally:
+    """What one abuser got: counts in an array its siblings share, reasons of its own."""
+
+    def __init__(self, counts) -> None:  # type: ignore[no-untyped-def]
+        self.counts, self.reasons = counts, {}
+
+    def add(self, field_name: str, n: int = 1) -> None:
+        with self.counts.get_lock():
+            self.counts[ABUSE_FIELDS.index(field_name)] += n
+
+    def refused_because(self, why: str) -> None:
+        self.add("refused")
+        self.reasons[why] = self.reasons.get(why, 0) + 1
+
+
+def abuser_process(url: str, hello: protocol.Hello, token: str, opening: protocol.OpenSession,
+                   attack: str, stop, counts, reasons) -> None:  # type: ignore[no-untyped-def]
+    """One abusing token holder in a process of its own (another machine, in effect: its
+    frames are not encoded under the measured device's GIL); its reasons go to `reasons`."""
+    tally = Tally(counts)
+    try:
+        abuse(url, hello, token, opening, stop, tally, attack)
+    finally:
+        reasons.put(tally.reasons)
 
 
 def abuse(url: str, hello: protocol.Hello, token: str, opening: protocol.OpenSession,
-          stop: threading.Event, tally: Abuse, lock: threading.Lock, attack: str) -> None:
+          stop, tally: Tally, attack: str) -> None:  # type: ignore[no-untyped-def]
     """One token holder: log in, make the companion prefill `opening`'s prompt again and again
     (reopened, or as the committed ids of Drafts in a 1-token session) until refused;
     reconnect."""
@@ -401,16 +424,14 @@ def abuse(url: str, hello: protocol.Hello, token: str, opening: protocol.OpenSes
         try:
             channel = WebSocketChannel(url, open_timeout=REPLY_TIMEOUT_S)
         except (SpecSteerError, OSError):
-            with lock:
-                tally.dropped += 1
+            tally.add("dropped")
             time.sleep(0.01)
             continue
         try:
             reply = _exchange(channel, protocol.Hello(
                 hello.generalist_sha256, hello.specialist_sha256, token, "abuser"))
             if not isinstance(reply, protocol.Error):
-                with lock:
-                    tally.logins += 1
+                tally.add("logins")
                 if attack == "committed":
                     reply = _exchange(channel, short)
             number = 0
@@ -419,16 +440,12 @@ def abuse(url: str, hello: protocol.Hello, token: str, opening: protocol.OpenSes
                     protocol.Draft(number, opening.prompt_ids, ())
                 reply = _exchange(channel, request)
                 number += 1
-                with lock:
-                    tally.prefilled += isinstance(reply, protocol.SessionOpened | protocol.Verdict)
+                if isinstance(reply, protocol.SessionOpened | protocol.Verdict):
+                    tally.add("prefilled")
             if isinstance(reply, protocol.Error):
-                why = reply.message.split(":")[0]
-                with lock:
-                    tally.refused += 1
-                    tally.reasons[why] = tally.reasons.get(why, 0) + 1
+                tally.refused_because(reply.message.split(":")[0])
         except (SpecSteerError, OSError):
-            with lock:
-                tally.dropped += 1
+            tally.add("dropped")
         finally:
             channel.close()
 
@@ -467,25 +484,26 @@ def starvation(args: argparse.Namespace, console: Console) -> list[dict]:
                     traces = record_traces(args, url, legit)
                 hello, opening = _hello_and_open(traces[0], args.abuser_prompt_tokens)
                 alone = run_level(url, traces, 1, args.generations, not args.no_pacing, proc.pid)
-                stop, lock, tally = threading.Event(), threading.Lock(), Abuse()
-                threads = [threading.Thread(target=abuse, args=(url, hello, token, opening, stop,
-                                                                tally, lock, args.attack),
-                                            daemon=True)
-                           for token in abusers]
-                for thread in threads:
-                    thread.start()
+                ctx = multiprocessing.get_context("spawn")
+                stop, counts, reasons_out = ctx.Event(), ctx.Array("q", len(ABUSE_FIELDS)), \
+                    ctx.Queue()
+                abusing = [ctx.Process(target=abuser_process, daemon=True, args=(
+                    url, hello, token, opening, args.attack, stop, counts, reasons_out))
+                    for token in abusers]
+                for process in abusing:
+                    process.start()
                 time.sleep(args.abuse_warmup_s)  # past the abusers' first burst
-                with lock:
-                    start = asdict(tally)
+                start = list(counts)
                 abused = run_level(url, traces, 1, args.generations, not args.no_pacing,
                                    proc.pid)
-                with lock:
-                    during = {k: v - start[k] for k, v in asdict(tally).items()
-                              if k != "reasons"}
-                    reasons = dict(tally.reasons)
+                during = {name: counts[i] - start[i] for i, name in enumerate(ABUSE_FIELDS)}
                 stop.set()
-                for thread in threads:
-                    thread.join(REPLY_TIMEOUT_S)
+                reasons: dict[str, int] = {}
+                for _ in abusing:
+                    for why, n in reasons_out.get(timeout=REPLY_TIMEOUT_S * 2).items():
+                        reasons[why] = reasons.get(why, 0) + n
+                for process in abusing:
+                    process.join(REPLY_TIMEOUT_S)
             finally:
                 proc.terminate()
                 proc.wait(10)

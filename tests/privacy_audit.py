@@ -173,7 +173,7 @@ def public_uplink(model, frames: list[tuple[str, bytes]], temperature: float,  #
             assert message.round == round_, (message.round, round_)
             held += message.committed_ids
             written += message.committed_ids
-            _check_logp_s0(model, held, message, temperature)
+            check_logp_s0(model, held, message, temperature)
             pending = message
         elif isinstance(message, protocol.RowRequest):
             held += message.committed_ids
@@ -182,12 +182,15 @@ def public_uplink(model, frames: list[tuple[str, bytes]], temperature: float,  #
     return public
 
 
-def _check_logp_s0(model, held: list[int], draft: protocol.Draft, temperature: float) -> None:  # type: ignore[no-untyped-def]
+def check_logp_s0(model, held: list[int], draft: protocol.Draft, temperature: float) -> int:  # type: ignore[no-untyped-def]
+    """`draft.logp_s0` is P_S0 of its ids after the public text `held`, recomputed in a fresh
+    session (a device computing it over the private prompt fails); the values checked."""
     if draft.logp_s0 is None or not draft.draft_ids:
-        return
+        return 0
     session = model.new_session()
     rows = session.append([*held, *draft.draft_ids])
     session.close()
     logp = steer.log_softmax(rows, temperature)
     expected = [logp[len(held) - 1 + j, t] for j, t in enumerate(draft.draft_ids)]
     np.testing.assert_allclose(draft.logp_s0, expected, rtol=2e-3, atol=2e-2)
+    return len(expected)
