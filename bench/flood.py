@@ -237,7 +237,9 @@ def on_ray(args: argparse.Namespace, store: Path, token: str) -> dict:
             "verifier": {"min_replicas": 1, "max_replicas": 1, "num_cpus": 0.5},
             "ingress": {"port": port, "num_cpus": 0.25,
                         **({"max_connections": args.max_connections}
-                           if args.max_connections else {})}}))
+                           if args.max_connections else {}),
+                        **({"max_unauthenticated": args.max_unauthenticated}
+                           if args.max_unauthenticated else {})}}))
         return measure(url, token, args)
     finally:
         serve.shutdown()
@@ -255,6 +257,8 @@ def main() -> None:
     ap.add_argument("--descriptor-limit", type=int, help="the companion's ulimit -n")
     ap.add_argument("--ray", action="store_true", help="against the Ray ingress")
     ap.add_argument("--max-connections", type=int, help="with --ray: the ingress's total cap")
+    ap.add_argument("--max-unauthenticated", type=int,
+                    help="with --ray: the ingress's pre-login pool")
     ap.add_argument("--json", type=Path, help="write the result here")
     args = ap.parse_args()
     if args.addresses > 254:

@@ -163,10 +163,11 @@ class AdmissionGate:
     # -- connections ---------------------------------------------------------------------------
 
     def connect(self, peer: str, owner: Any = None) -> Admission:
-        """A connection from `peer` was accepted: admit it, shedding the oldest connection of
-        the address with the most connections waiting to log in if the pre-login pool (or
-        the total) is full; refuse it only past its address's cap, or when every slot is
-        held by a logged-in connection."""
+        """A connection from `peer` was accepted: admit it, or refuse it past its address's
+        cap. When the pre-login pool (or the total) is full, a newcomer from an address with
+        fewer connections waiting to log in than the busiest address takes the slot of that
+        address's oldest; one from (one of) the busiest is refused, as is every newcomer when
+        all slots are held by logged-in connections."""
         with self._lock:
             if self._connections.active(peer) >= self.max_per_address:
                 self.refused += 1
@@ -179,6 +180,11 @@ class AdmissionGate:
                     self.refused += 1
                     return Admission(None, [], f"{self.max_connections} open in total, "
                                                "all logged in")
+                waiting_here = len(self._waiting.get(peer, ()))
+                if waiting_here >= len(self._waiting[victim.peer]):
+                    self.refused += 1
+                    return Admission(None, [], f"{self._unauthenticated} waiting to log in, "
+                                               f"{waiting_here} of them from this address")
                 self._drop(victim)
                 self.shed += 1
                 shed.append(victim)

@@ -56,8 +56,10 @@ LISTEN_BACKLOG = 4096
 # Connections that have not logged in yet, at most: half of the total, so that an attacker who
 # opens sockets from many addresses and never logs in cannot take the slots of devices that do
 # (the other half is kept for logged-in connections), and further lowered to half of a total
-# lowered by the descriptor limit. When the pool is full the next connection still gets in: the
-# oldest connection of the address holding the most pre-login slots is closed to make room.
+# lowered by the descriptor limit. When the pool is full, a newcomer from an address holding
+# fewer waiting connections than the busiest address takes the slot of that address's oldest
+# (a device connecting during a flood gets in, with its full Hello deadline); a newcomer from
+# the busiest address is refused, which costs the server less than admitting it.
 DEFAULT_MAX_UNAUTHENTICATED = 512
 # Seconds from accepting a TCP connection to an accepted Hello (websocket handshake included):
 # a device sends its Hello at once, so only an attacker holding sockets open needs longer.
