@@ -302,6 +302,9 @@ def main() -> None:
                     help="with --abusers: long prompts reopened, or long committed_ids in Drafts")
     ap.add_argument("--abuse-warmup-s", type=float, default=3.0,
                     help="abuse before the device is measured (spends the first burst)")
+    ap.add_argument("--companion-core", type=int,
+                    help="with --abusers: pin the companion to this core and the device and the "
+                    "abusers to the others (remote abusers do not take the companion's CPU)")
     ap.add_argument("--before-pythonpath",
                     help="with --abusers: also run a companion from this source path")
     ap.add_argument("--json", type=Path, help="write the results here")
@@ -313,6 +316,8 @@ def main() -> None:
         args.specialist = args.specialist or str(tiny_model_dir("llama", seed=0))
     console = Console(width=140)
     if args.abusers:
+        if args.companion_core is not None:
+            os.sched_setaffinity(0, os.sched_getaffinity(0) - {args.companion_core})
         results = starvation(args, console)
         console.print(starvation_table(results, args))
         if args.json:
@@ -477,7 +482,7 @@ def starvation(args: argparse.Namespace, console: Console) -> list[dict]:
             env = {"PYTHONPATH": args.before_pythonpath} if name.startswith("before") else None
             proc, url = start_companion(
                 args.generalist, args.specialist, args.precision, threads=args.threads,
-                workers=args.workers, open_access=False, env=env,
+                workers=args.workers, open_access=False, env=env, core=args.companion_core,
                 args=["--tokens", str(store_path), *extra])
             try:
                 if not traces:
