@@ -155,105 +155,120 @@ def _ingress(config: RayCompanionConfig):  # type: ignore[no-untyped-def]
                       max_ongoing_requests=i.max_connections + STATS_REQUESTS)
     @serve.ingress(app)
     class Ingress:
-        """Websocket front, one replica for the cluster: the admission gate and revocation,
-        then each frame to the replica holding its connection."""
+        """Websocket front, one replica for the cluster (`_Relay` does the work)."""
 
         def __init__(self, verifiers) -> None:  # type: ignore[no-untyped-def]
             logthrottle.install(THROTTLE)  # a flood's refusals log a bounded number of lines
             self.verifiers = verifiers
-            self.gate = AdmissionGate(i)
-            self.check_revoked = _revocation_check(config)
-            self.watch: asyncio.Task[None] | None = None
-            self.per_replica: Counter[str] = Counter()  # sessions opened per replica
-            self.resumed: Counter[str] = Counter()
-            self.lost = 0
+            self.relay = _Relay(config)
 
         @app.get("/stats")
         def stats(self) -> dict[str, object]:
             """What the ingress routed and refused: sessions and resumes per verifier replica."""
-            return {"sessions": dict(self.per_replica), "resumes": dict(self.resumed),
-                    "lost": self.lost, "refused": self.gate.refused, "shed": self.gate.shed,
-                    "open_connections": self.gate.open_connections(),
-                    "unauthenticated": self.gate.unauthenticated,
-                    "open_sessions": self.gate.open_sessions()}
+            return self.relay.stats()
 
         @app.websocket("/")
         async def connect(self, ws: WebSocket) -> None:
-            peer = ws.client.host if ws.client else "?"
-            conn = _Connection(ws, asyncio.current_task())
-            admission = self.gate.connect(peer, owner=conn)
-            for shed in admission.shed:
-                log.warning("closed a connection from %s that had not logged in, to make room "
-                            "for a new one", shed.peer)
-                shed.owner.shed()
-            if admission.entry is None:
-                log.warning("refused a connection from %s: %s", peer, admission.refused)
-                return await ws.close(code=1013, reason="too many connections")
-            if self.watch is None:  # started here: the replica's event loop runs by now
-                self.watch = asyncio.create_task(watch_revocations(
-                    lambda: list(self.gate.live), self.check_revoked, i.revocation_check_s,
-                    _end_revoked, tidy=self.gate.tidy))
-            handle = self.verifiers.options(multiplexed_model_id=uuid.uuid4().hex)
-            try:
-                await ws.accept()  # in here: a device gone mid-handshake gives its slot back
-                await self._serve(admission.entry, handle)
-            except asyncio.CancelledError:
-                if not conn.was_shed:
-                    raise
-            finally:
-                self.gate.disconnect(admission.entry)
-                with contextlib.suppress(Exception):
-                    handle.release.remote()
-                with contextlib.suppress(Exception):
-                    await ws.close()
-
-        async def _serve(self, entry: Entry, handle) -> None:  # type: ignore[no-untyped-def]
-            ws, limits = entry.owner.ws, Limits()
-            while True:
-                try:
-                    message = await asyncio.wait_for(ws.receive(), self.gate.wait_s(entry))
-                except TIMEOUTS:
-                    return await _refuse(ws, self.gate.timed_out(entry))
-                if message["type"] == "websocket.disconnect":
-                    return
-                frame = message.get("bytes")
-                checked = self.gate.check(entry, message.get("text") if frame is None else frame,
-                                          limits)
-                if isinstance(checked, Refusal):
-                    return await _refuse(ws, checked)
-                reply = await self._forward(entry, handle, checked, len(frame or b""))
-                if reply is None or reply.lost:
-                    self.lost += 1
-                    return await ws.close(code=RESUME_CLOSE, reason="verifier lost: resume")
-                limits = reply.limits or limits
-                if entry.identity is None and reply.identity is not None and not reply.closed:
-                    self.gate.logged_in(entry, reply.identity)
-                if isinstance(checked, protocol.OpenSession | protocol.Resume):
-                    self.per_replica[reply.replica] += 1
-                    if reply.resumed:
-                        self.resumed[reply.replica] += 1
-                for out in reply.frames:
-                    await ws.send_bytes(out)
-                if reply.closed:
-                    return
-                if entry.revoked:  # revoked while this frame was in flight
-                    return await _refuse(ws, Refusal(ErrorCode.AUTH_FAILED, REVOKED_MESSAGE))
-
-        async def _forward(self, entry: Entry, handle, message: Message,  # type: ignore[no-untyped-def]
-                           size: int) -> Reply | None:
-            """The replica's reply to one message; None if the replica died or stalled."""
-            entry.busy = True
-            try:
-                return await asyncio.wait_for(handle.handle.remote(message, size),
-                                              i.replica_timeout_s)
-            except (ray.exceptions.RayError, *TIMEOUTS) as exc:
-                log.warning("verifier replica lost (%s): the device resumes elsewhere",
-                            type(exc).__name__)
-                return None
-            finally:
-                entry.busy = False
+            await self.relay.connect(ws, self.verifiers)
 
     return Ingress
+
+
+class _Relay:
+    """The ingress's state (the admission gate, for the whole cluster) and the life of one
+    device websocket: admitted or refused, each frame through the gate to the replica holding
+    the connection, the replies back, revocation."""
+
+    def __init__(self, config: RayCompanionConfig) -> None:
+        self.ingress = config.ingress
+        self.gate = AdmissionGate(config.ingress)
+        self.check_revoked = _revocation_check(config)
+        self.watch: asyncio.Task[None] | None = None
+        self.per_replica: Counter[str] = Counter()  # sessions opened per replica
+        self.resumed: Counter[str] = Counter()
+        self.lost = 0
+
+    def stats(self) -> dict[str, object]:
+        return {"sessions": dict(self.per_replica), "resumes": dict(self.resumed),
+                "lost": self.lost, "refused": self.gate.refused, "shed": self.gate.shed,
+                "open_connections": self.gate.open_connections(),
+                "unauthenticated": self.gate.unauthenticated,
+                "open_sessions": self.gate.open_sessions()}
+
+    async def connect(self, ws: WebSocket, verifiers) -> None:  # type: ignore[no-untyped-def]
+        peer = ws.client.host if ws.client else "?"
+        conn = _Connection(ws, asyncio.current_task())
+        admission = self.gate.connect(peer, owner=conn)
+        for shed in admission.shed:
+            log.warning("closed a connection from %s that had not logged in, to make room "
+                        "for a new one", shed.peer)
+            shed.owner.shed()
+        if admission.entry is None:
+            log.warning("refused a connection from %s: %s", peer, admission.refused)
+            return await ws.close(code=1013, reason="too many connections")
+        if self.watch is None:  # started here: the replica's event loop runs by now
+            self.watch = asyncio.create_task(watch_revocations(
+                lambda: list(self.gate.live), self.check_revoked,
+                self.ingress.revocation_check_s, _end_revoked, tidy=self.gate.tidy))
+        handle = verifiers.options(multiplexed_model_id=uuid.uuid4().hex)
+        try:
+            await ws.accept()  # in here: a device gone mid-handshake gives its slot back
+            await self._serve(admission.entry, handle)
+        except asyncio.CancelledError:
+            if not conn.was_shed:
+                raise
+        finally:
+            self.gate.disconnect(admission.entry)
+            with contextlib.suppress(Exception):
+                handle.release.remote()
+            with contextlib.suppress(Exception):
+                await ws.close()
+
+    async def _serve(self, entry: Entry, handle) -> None:  # type: ignore[no-untyped-def]
+        ws, limits = entry.owner.ws, Limits()
+        while True:
+            try:
+                message = await asyncio.wait_for(ws.receive(), self.gate.wait_s(entry))
+            except TIMEOUTS:
+                return await _refuse(ws, self.gate.timed_out(entry))
+            if message["type"] == "websocket.disconnect":
+                return
+            frame = message.get("bytes")
+            checked = self.gate.check(entry, message.get("text") if frame is None else frame,
+                                      limits)
+            if isinstance(checked, Refusal):
+                return await _refuse(ws, checked)
+            reply = await self._forward(entry, handle, checked, len(frame or b""))
+            if reply is None or reply.lost:
+                self.lost += 1
+                return await ws.close(code=RESUME_CLOSE, reason="verifier lost: resume")
+            limits = reply.limits or limits
+            if entry.identity is None and reply.identity is not None and not reply.closed:
+                self.gate.logged_in(entry, reply.identity)
+            if isinstance(checked, protocol.OpenSession | protocol.Resume):
+                self.per_replica[reply.replica] += 1
+                if reply.resumed:
+                    self.resumed[reply.replica] += 1
+            for out in reply.frames:
+                await ws.send_bytes(out)
+            if reply.closed:
+                return
+            if entry.revoked:  # revoked while this frame was in flight
+                return await _refuse(ws, Refusal(ErrorCode.AUTH_FAILED, REVOKED_MESSAGE))
+
+    async def _forward(self, entry: Entry, handle, message: Message,  # type: ignore[no-untyped-def]
+                       size: int) -> Reply | None:
+        """The replica's reply to one message; None if the replica died or stalled."""
+        entry.busy = True
+        try:
+            return await asyncio.wait_for(handle.handle.remote(message, size),
+                                          self.ingress.replica_timeout_s)
+        except (ray.exceptions.RayError, *TIMEOUTS) as exc:
+            log.warning("verifier replica lost (%s): the device resumes elsewhere",
+                        type(exc).__name__)
+            return None
+        finally:
+            entry.busy = False
 
 
 @dataclass(eq=False)
