@@ -25,20 +25,26 @@ tables compare directly (and every batched reply is checked against the plain co
 
 `--abusers K` runs the starvation scenario of issue 19 instead: one legitimate device replays
 its recorded generations alone, then again while K other token holders (each its own device
-token in the companion's store) reopen sessions over `--abuser-prompt-tokens`-token prompts as
-fast as the companion answers, reconnecting whenever it refuses them. Reported: the legitimate
+token in the companion's store, each its own process, so that their frames are not built under
+the measured device's GIL) make the companion prefill as fast as it answers, reconnecting
+whenever it refuses them: `--attack reopen` reopens sessions over `--abuser-prompt-tokens`-token
+prompts (issue 19), `--attack committed` opens a 1-token session and sends Drafts whose
+`committed_ids` carry `--abuser-prompt-tokens` ids each (issue 28: committed ids were not
+charged to the prompt budget). Reported: the legitimate
 device's round latency (p50/p99) alone and under abuse, and the abusers' served and refused
 opens. It runs on a companion with the default limits and on one with the prompt budget lifted
 (what fair scheduling does alone); `--before-pythonpath DIR` adds a companion run from another
 checkout (the code before the defences) for the "before" number:
 
     python bench/load.py --abusers 3 --workers 1 --generations 8 --json bench-starvation.json
+    python bench/load.py --abusers 3 --attack committed --workers 1 --generations 8
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import os
 import platform
 import statistics
@@ -304,10 +310,16 @@ def main() -> None:
         help="send each request as soon as the previous reply arrived",
     )
     ap.add_argument("--abusers", type=int, default=0,
-                    help="starvation scenario: token holders reopening long prompts (0: off)")
+                    help="starvation scenario: token holders making the companion prefill "
+                    "(--attack; 0: off)")
     ap.add_argument("--abuser-prompt-tokens", type=int, default=2040)
+    ap.add_argument("--attack", choices=["reopen", "committed"], default="reopen",
+                    help="with --abusers: long prompts reopened, or long committed_ids in Drafts")
     ap.add_argument("--abuse-warmup-s", type=float, default=3.0,
                     help="abuse before the device is measured (spends the first burst)")
+    ap.add_argument("--companion-core", type=int,
+                    help="with --abusers: pin the companion to this core and the device and the "
+                    "abusers to the others (remote abusers do not take the companion's CPU)")
     ap.add_argument("--before-pythonpath",
                     help="with --abusers: also run a companion from this source path")
     ap.add_argument("--json", type=Path, help="write the results here")
@@ -319,6 +331,8 @@ def main() -> None:
         args.specialist = args.specialist or str(tiny_model_dir("llama", seed=0))
     console = Console(width=140)
     if args.abusers:
+        if args.companion_core is not None:
+            os.sched_setaffinity(0, os.sched_getaffinity(0) - {args.companion_core})
         results = starvation(args, console)
         console.print(starvation_table(results, args))
         if args.json:
@@ -388,50 +402,77 @@ def main() -> None:
         sys.exit(1)
 
 
-@dataclass
-class Abuse:
-    """What the abusing token holders got while the legitimate device was measured."""
+ABUSE_FIELDS = ("prefilled", "refused", "logins", "dropped")
+# prefilled: long prefills served (prompts reopened, or committed_ids verified); refused:
+# OpenSessions, Drafts or Hellos answered with an Error (the connection then ends); dropped:
+# connections that failed otherwise (refused at accept, reset, timeout)
 
-    opened: int = 0  # OpenSessions served: prompts the companion prefilled
-    refused: int = 0  # OpenSessions or Hellos answered with an Error (the connection then ends)
-    logins: int = 0
-    dropped: int = 0  # connections that failed otherwise (refused at accept, reset, timeout)
-    reasons: dict[str, int] = field(default_factory=dict)
+
+class Tally:
+    """What one abuser got: counts in an array its siblings share, reasons of its own."""
+
+    def __init__(self, counts) -> None:  # type: ignore[no-untyped-def]
+        self.counts, self.reasons = counts, {}
+
+    def add(self, field_name: str, n: int = 1) -> None:
+        with self.counts.get_lock():
+            self.counts[ABUSE_FIELDS.index(field_name)] += n
+
+    def refused_because(self, why: str) -> None:
+        self.add("refused")
+        self.reasons[why] = self.reasons.get(why, 0) + 1
+
+
+def abuser_process(url: str, hello: protocol.Hello, token: str, opening: protocol.OpenSession,
+                   attack: str, stop, counts, reasons) -> None:  # type: ignore[no-untyped-def]
+    """One abusing token holder in a process of its own (another machine, in effect: its
+    frames are not encoded under the measured device's GIL); its reasons go to `reasons`."""
+    tally = Tally(counts)
+    try:
+        abuse(url, hello, token, opening, stop, tally, attack)
+    finally:
+        reasons.put(tally.reasons)
 
 
 def abuse(url: str, hello: protocol.Hello, token: str, opening: protocol.OpenSession,
-          stop: threading.Event, tally: Abuse, lock: threading.Lock) -> None:
-    """One token holder: log in, reopen the long-prompt session until refused, reconnect."""
+          stop, tally: Tally, attack: str) -> None:  # type: ignore[no-untyped-def]
+    """One token holder: log in, make the companion prefill `opening`'s prompt again and again
+    (reopened, or as the committed ids of Drafts in a 1-token session) until refused;
+    reconnect."""
+    short = protocol.OpenSession(opening.prompt_ids[:1], opening.settings)
     while not stop.is_set():
         try:
             channel = WebSocketChannel(url, open_timeout=REPLY_TIMEOUT_S)
         except (SpecSteerError, OSError):
-            with lock:
-                tally.dropped += 1
+            tally.add("dropped")
             time.sleep(0.01)
             continue
         try:
-            channel.send(protocol.encode(protocol.Hello(
-                hello.generalist_sha256, hello.specialist_sha256, token, "abuser")))
-            reply = protocol.decode(channel.recv(REPLY_TIMEOUT_S), protocol.Limits())
+            reply = _exchange(channel, protocol.Hello(
+                hello.generalist_sha256, hello.specialist_sha256, token, "abuser"))
             if not isinstance(reply, protocol.Error):
-                with lock:
-                    tally.logins += 1
+                tally.add("logins")
+                if attack == "committed":
+                    reply = _exchange(channel, short)
+            number = 0
             while not stop.is_set() and not isinstance(reply, protocol.Error):
-                channel.send(protocol.encode(opening))
-                reply = protocol.decode(channel.recv(REPLY_TIMEOUT_S), protocol.Limits())
-                with lock:
-                    tally.opened += isinstance(reply, protocol.SessionOpened)
+                request: protocol.Message = opening if attack == "reopen" else \
+                    protocol.Draft(number, opening.prompt_ids, ())
+                reply = _exchange(channel, request)
+                number += 1
+                if isinstance(reply, protocol.SessionOpened | protocol.Verdict):
+                    tally.add("prefilled")
             if isinstance(reply, protocol.Error):
-                why = reply.message.split(":")[0]
-                with lock:
-                    tally.refused += 1
-                    tally.reasons[why] = tally.reasons.get(why, 0) + 1
+                tally.refused_because(reply.message.split(":")[0])
         except (SpecSteerError, OSError):
-            with lock:
-                tally.dropped += 1
+            tally.add("dropped")
         finally:
             channel.close()
+
+
+def _exchange(channel: WebSocketChannel, message: protocol.Message) -> protocol.Message:
+    channel.send(protocol.encode(message))
+    return protocol.decode(channel.recv(REPLY_TIMEOUT_S), protocol.Limits())
 
 
 def starvation(args: argparse.Namespace, console: Console) -> list[dict]:
@@ -456,52 +497,56 @@ def starvation(args: argparse.Namespace, console: Console) -> list[dict]:
             env = {"PYTHONPATH": args.before_pythonpath} if name.startswith("before") else None
             proc, url = start_companion(
                 args.generalist, args.specialist, args.precision, threads=args.threads,
-                workers=args.workers, open_access=False, env=env,
+                workers=args.workers, open_access=False, env=env, core=args.companion_core,
                 args=["--tokens", str(store_path), *extra])
             try:
                 if not traces:
                     traces = record_traces(args, url, legit)
                 hello, opening = _hello_and_open(traces[0], args.abuser_prompt_tokens)
                 alone = run_level(url, traces, 1, args.generations, not args.no_pacing, proc.pid)
-                stop, lock, tally = threading.Event(), threading.Lock(), Abuse()
-                threads = [threading.Thread(target=abuse, args=(url, hello, token, opening, stop,
-                                                                tally, lock), daemon=True)
-                           for token in abusers]
-                for thread in threads:
-                    thread.start()
+                ctx = multiprocessing.get_context("spawn")
+                stop, counts, reasons_out = ctx.Event(), ctx.Array("q", len(ABUSE_FIELDS)), \
+                    ctx.Queue()
+                abusing = [ctx.Process(target=abuser_process, daemon=True, args=(
+                    url, hello, token, opening, args.attack, stop, counts, reasons_out))
+                    for token in abusers]
+                for process in abusing:
+                    process.start()
                 time.sleep(args.abuse_warmup_s)  # past the abusers' first burst
-                with lock:
-                    start = asdict(tally)
+                start = list(counts)
                 abused = run_level(url, traces, 1, args.generations, not args.no_pacing,
                                    proc.pid)
-                with lock:
-                    during = {k: v - start[k] for k, v in asdict(tally).items()
-                              if k != "reasons"}
-                    reasons = dict(tally.reasons)
+                during = {name: counts[i] - start[i] for i, name in enumerate(ABUSE_FIELDS)}
                 stop.set()
-                for thread in threads:
-                    thread.join(REPLY_TIMEOUT_S)
+                reasons: dict[str, int] = {}
+                for _ in abusing:
+                    for why, n in reasons_out.get(timeout=REPLY_TIMEOUT_S * 2).items():
+                        reasons[why] = reasons.get(why, 0) + n
+                for process in abusing:
+                    process.join(REPLY_TIMEOUT_S)
             finally:
                 proc.terminate()
                 proc.wait(10)
             results.append(dict(
                 companion=name, alone=asdict(alone), abused=asdict(abused),
-                abuse=dict(during, opened_per_s=during["opened"] / abused.wall_s,
-                           prompt_tokens_per_s=during["opened"] * args.abuser_prompt_tokens
+                abuse=dict(during, prefilled_per_s=during["prefilled"] / abused.wall_s,
+                           prompt_tokens_per_s=during["prefilled"] * args.abuser_prompt_tokens
                            / abused.wall_s, reasons_whole_run=reasons)))
             console.print(f"{name}: round p50 {alone.round_p50_ms:.1f} ms alone, "
                           f"{abused.round_p50_ms:.1f} ms beside {args.abusers} abusers "
-                          f"({during['opened']} long prompts served, {during['refused']} "
+                          f"({during['prefilled']} long prefills served, {during['refused']} "
                           "refused meanwhile)")
     return results
 
 
 def starvation_table(results: list[dict], args: argparse.Namespace) -> Table:
-    out = Table(title=f"one device's rounds beside {args.abusers} token holders reopening "
-                      f"{args.abuser_prompt_tokens}-token prompts ({args.workers} worker(s), "
+    what = ("reopening {n}-token prompts" if args.attack == "reopen" else
+            "sending Drafts with {n} committed ids").format(n=args.abuser_prompt_tokens)
+    out = Table(title=f"one device's rounds beside {args.abusers} token holders {what} "
+                      f"({args.workers} worker(s), "
                       f"{Path(args.generalist).name} + {Path(args.specialist).name})")
     for name in ["companion", "p50 alone ms", "p99 alone", "p50 abused ms", "p99 abused",
-                 "p50 ratio", "long prompts served/s", "refused", "device errors"]:
+                 "p50 ratio", "long prefills served/s", "refused", "device errors"]:
         out.add_column(name, justify="right")
     for r in results:
         alone, abused, abuse_ = r["alone"], r["abused"], r["abuse"]
@@ -509,7 +554,7 @@ def starvation_table(results: list[dict], args: argparse.Namespace) -> Table:
                     f"{alone['round_p99_ms']:.1f}", f"{abused['round_p50_ms']:.1f}",
                     f"{abused['round_p99_ms']:.1f}",
                     f"{abused['round_p50_ms'] / max(alone['round_p50_ms'], 1e-9):.1f}x",
-                    f"{abuse_['opened_per_s']:.1f}", str(abuse_["refused"]),
+                    f"{abuse_['prefilled_per_s']:.1f}", str(abuse_["refused"]),
                     str(alone["errors"] + abused["errors"]))
     return out
 

@@ -9,9 +9,10 @@ it (what survives any boundary merge).
 
 from __future__ import annotations
 
+import numpy as np
 from ci import skip_or_fail  # noqa: F401 - privacy tests never skip silently in CI
 
-from specsteer import protocol
+from specsteer import protocol, steer
 from specsteer.tokenizer import Tokenizer
 from specsteer_companion.cross import alignment as al
 
@@ -127,3 +128,69 @@ def text_sent(tok: Tokenizer, frames: list[tuple[str, bytes]]) -> str:
     """What the committed and drafted ids that went up spell, joined (as a companion that
     decodes everything it receives would read it)."""
     return tok.decode(uplink_id_lists(frames)[-1])
+
+
+UPLINK_KINDS = (protocol.Hello, protocol.OpenSession, protocol.Resume, protocol.Draft,
+                protocol.RowRequest, protocol.Close)
+
+
+def public_uplink(model, frames: list[tuple[str, bytes]], temperature: float,  # type: ignore[no-untyped-def]
+                  output: list[int]) -> list[tuple]:
+    """Every uplink frame with the ids taken out, after checking that what is left of each is a
+    function of public data and the output: the list two runs over different histories must
+    share byte for byte. Hello, OpenSession and Close are kept whole; a Resume keeps its
+    public prompt and settings, and its committed ids must be the output written so far; a
+    Draft's round must count the session's rounds, its committed ids must be output tokens,
+    and its `logp_s0` must be P_S0 of its ids after the public text the companion holds,
+    recomputed here; a RowRequest commits output tokens. A frame of any other kind, or one
+    that does not re-encode to itself (bytes a decoder would skip), fails."""
+    public: list[tuple] = []
+    held: list[int] = []  # the public text the companion holds
+    written: list[int] = []  # the output the companion was given, in order
+    round_, pending = 0, None
+    for direction, frame in frames:
+        message = protocol.decode(frame, protocol.Limits())
+        if direction == "down":
+            if isinstance(message, protocol.Verdict) and pending is not None:
+                held += pending.draft_ids[: message.accepted]
+                written += pending.draft_ids[: message.accepted]
+                round_, pending = round_ + 1, None
+            continue
+        assert isinstance(message, UPLINK_KINDS), f"a new uplink message: audit {message}"
+        assert protocol.encode(message) == frame, f"{type(message).__name__} is not canonical"
+        if isinstance(message, protocol.Hello | protocol.OpenSession | protocol.Close):
+            public.append((type(message).__name__, frame))
+        if isinstance(message, protocol.OpenSession):
+            held, round_, pending = list(message.prompt_ids), 0, None
+        elif isinstance(message, protocol.Resume):
+            assert list(message.committed_ids[: len(written)]) == written
+            written = list(message.committed_ids)
+            held = list(message.held_ids)
+            round_, pending = message.round, None
+            public.append(("Resume", protocol.encode(protocol.Resume(
+                message.prompt_ids, (), message.settings))))
+        elif isinstance(message, protocol.Draft):
+            assert message.round == round_, (message.round, round_)
+            held += message.committed_ids
+            written += message.committed_ids
+            check_logp_s0(model, held, message, temperature)
+            pending = message
+        elif isinstance(message, protocol.RowRequest):
+            held += message.committed_ids
+            written += message.committed_ids
+    assert written == output[: len(written)], "committed ids that are not the output went up"
+    return public
+
+
+def check_logp_s0(model, held: list[int], draft: protocol.Draft, temperature: float) -> int:  # type: ignore[no-untyped-def]
+    """`draft.logp_s0` is P_S0 of its ids after the public text `held`, recomputed in a fresh
+    session (a device computing it over the private prompt fails); the values checked."""
+    if draft.logp_s0 is None or not draft.draft_ids:
+        return 0
+    session = model.new_session()
+    rows = session.append([*held, *draft.draft_ids])
+    session.close()
+    logp = steer.log_softmax(rows, temperature)
+    expected = [logp[len(held) - 1 + j, t] for j, t in enumerate(draft.draft_ids)]
+    np.testing.assert_allclose(draft.logp_s0, expected, rtol=2e-3, atol=2e-2)
+    return len(expected)

@@ -19,7 +19,7 @@ import secrets
 import sqlite3
 from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -61,7 +61,7 @@ _SCHEMA = (
 
 
 def _utcnow() -> datetime:
-    return datetime.now(timezone.utc)
+    return datetime.now(UTC)
 
 
 def _digest(secret: str) -> bytes:
@@ -69,7 +69,7 @@ def _digest(secret: str) -> bytes:
 
 
 def _iso(moment: datetime) -> str:
-    return moment.astimezone(timezone.utc).isoformat()
+    return moment.astimezone(UTC).isoformat()
 
 
 def _parse_time(text: str | None) -> datetime | None:

@@ -6,9 +6,10 @@ import asyncio
 import contextlib
 import logging
 import signal
-from enum import Enum
+from collections.abc import Callable
+from enum import StrEnum
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -18,8 +19,11 @@ from specsteer_companion.cli_tokens import cert_app, default_store_path, tokens_
 from specsteer_companion.limits import (
     DEFAULT_BURST,
     DEFAULT_HELLO_TIMEOUT_S,
+    DEFAULT_IDLE_TIMEOUT_S,
     DEFAULT_MAX_CONNECTIONS,
     DEFAULT_MAX_CONNECTIONS_PER_ADDRESS,
+    DEFAULT_MAX_SESSIONS_TOTAL,
+    DEFAULT_MAX_UNAUTHENTICATED,
     DEFAULT_PREFILL_BURST,
     DEFAULT_PREFILL_TOKENS_PER_S,
     DEFAULT_RATE_PER_S,
@@ -27,12 +31,15 @@ from specsteer_companion.limits import (
 from specsteer_companion.vllm_engine import DEFAULT_MAX_LOGPROBS
 
 
-class Engine(str, Enum):
+class Engine(StrEnum):
     """Where the Generalist's passes run."""
 
     onnx = "onnx"
     vllm = "vllm"
 
+
+if TYPE_CHECKING:
+    from specsteer_companion.server import CompanionServer
 
 app = typer.Typer(
     name="specsteer-companion",
@@ -69,7 +76,7 @@ def serve(
     key: Annotated[Path | None, typer.Option(help="TLS private key (PEM)")] = None,
     idle_timeout: Annotated[
         float, typer.Option(help="Seconds before an idle device is dropped")
-    ] = 120.0,
+    ] = DEFAULT_IDLE_TIMEOUT_S,
     hello_timeout: Annotated[
         float, typer.Option(min=0.1, help="Seconds from connecting to an accepted Hello")
     ] = DEFAULT_HELLO_TIMEOUT_S,
@@ -79,6 +86,10 @@ def serve(
     max_connections_per_address: Annotated[
         int, typer.Option(min=1, help="Open connections from one IP address")
     ] = DEFAULT_MAX_CONNECTIONS_PER_ADDRESS,
+    max_unauthenticated: Annotated[
+        int, typer.Option(min=1, help="Connections not logged in yet (at most half the total; "
+                          "when full, the oldest of the busiest address is closed)")
+    ] = DEFAULT_MAX_UNAUTHENTICATED,
     rate: Annotated[
         float, typer.Option(min=0.001, help="Requests per second per connection")
     ] = DEFAULT_RATE_PER_S,
@@ -91,7 +102,8 @@ def serve(
     prefill_burst: Annotated[
         int, typer.Option(min=1, help="Prompt-token burst per device token")
     ] = int(DEFAULT_PREFILL_BURST),
-    max_sessions: Annotated[int, typer.Option()] = 64,
+    max_sessions: Annotated[int, typer.Option(min=1, help="Open sessions in total")] = (
+        DEFAULT_MAX_SESSIONS_TOTAL),
     batch: Annotated[
         bool,
         typer.Option(
@@ -156,6 +168,13 @@ def serve(
         log.warning("--open: every client is accepted without a token; use this only for local "
                     "development on a loopback address")
     try:
+        config = ServerConfig(
+            host=host, port=port, workers=workers, idle_timeout_s=idle_timeout,
+            hello_timeout_s=hello_timeout, max_connections=max_connections,
+            max_connections_per_address=max_connections_per_address,
+            max_unauthenticated=max_unauthenticated, requests_per_second=rate, burst=burst,
+            prefill_tokens_per_second=prefill_rate, prefill_burst=prefill_burst,
+            max_sessions=max_sessions)
         ssl_context = server_ssl_context(cert, key) if cert and key else None
         store = None if open_access else TokenStore(tokens or default_store_path())
     except SpecSteerError as exc:
@@ -194,39 +213,29 @@ def serve(
     if store is not None:
         authenticate = lambda secret: info.token_id if (info := store.verify(secret)) else None  # noqa: E731
     server = CompanionServer(
-        verifier,
-        ServerConfig(
-            host=host,
-            port=port,
-            workers=workers,
-            idle_timeout_s=idle_timeout,
-            hello_timeout_s=hello_timeout,
-            max_connections=max_connections,
-            max_connections_per_address=max_connections_per_address,
-            requests_per_second=rate,
-            burst=burst,
-            prefill_tokens_per_second=prefill_rate,
-            prefill_burst=prefill_burst,
-            max_sessions=max_sessions,
-        ),
-        authenticate=authenticate,
+        verifier, config, authenticate=authenticate,
         check_revoked=store.revoked_among if store is not None else None,
         ssl_context=ssl_context,
     )
-    scheme = "wss" if ssl_context else "ws"
+    scheme, served = "wss" if ssl_context else "ws", (
+        f"generalist={g.name} {g.sha256[:12]} specialist={s.name if s else 'none'}"
+        + (f" batch={max_batch}x{max_batch_tokens}" if batch else "")
+        + (" engine=vllm" if generalist_engine is Engine.vllm else ""))
+    try:
+        _serve_until_signalled(server, lambda port: f"{scheme}://{host}:{port} {served}")
+    finally:
+        if generalist_engine is Engine.vllm:
+            g.close()  # type: ignore[union-attr]  # the engine's own processes too
+    for model in models:
+        log.info("%s batching: %s", model.name, model.stats)
 
-    def ready(bound: int) -> None:
-        typer.echo(
-            f"companion ready: {scheme}://{host}:{bound} generalist={g.name} "
-            f"{g.sha256[:12]} specialist={s.name if s else 'none'}"
-            + (f" batch={max_batch}x{max_batch_tokens}" if batch else "")
-            + (" engine=vllm" if generalist_engine is Engine.vllm else ""),
-            err=False,
-        )
+
+def _serve_until_signalled(server: CompanionServer, ready: Callable[[int], str]) -> None:
+    """Serve until SIGINT or SIGTERM, even when the process was started with SIGINT ignored
+    (any background job of a non-interactive shell, e.g. under nohup); print "companion
+    ready: " and what `ready(port)` says once listening."""
 
     async def run() -> None:
-        # SIGINT and SIGTERM stop the server cleanly, even when the process was started with
-        # SIGINT ignored (any background job of a non-interactive shell, e.g. under nohup)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
@@ -234,16 +243,10 @@ def serve(
             # still arrives as KeyboardInterrupt, suppressed around asyncio.run below
             with contextlib.suppress(NotImplementedError):
                 loop.add_signal_handler(sig, stop.set)
-        await server.serve(ready, stop)
+        await server.serve(lambda port: typer.echo(f"companion ready: {ready(port)}"), stop)
 
-    try:
-        with contextlib.suppress(KeyboardInterrupt):
-            asyncio.run(run())
-    finally:
-        if generalist_engine is Engine.vllm:
-            g.close()  # type: ignore[union-attr]  # the engine's own processes too
-    for model in models:
-        log.info("%s batching: %s", model.name, model.stats)
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(run())
 
 
 @app.command()

@@ -1,14 +1,17 @@
 """One device connection on the companion: protocol state machine + verifier, no I/O.
 
 `handle(frame) -> frames` is all a network adapter needs (websocket server, in-process link,
-fuzzer). Model work happens inside `handle`, so adapters call it off their event loop.
-Every failure becomes an Error frame and a closed connection; nothing escapes to the adapter.
+fuzzer); a server whose admission gate already decoded the frame calls `handle_message`. Model
+work happens inside them, so adapters call them off their event loop. Every failure becomes an
+Error frame and a closed connection; nothing escapes to the adapter. Session quotas and budgets
+are the adapter's (`admission`).
 """
 
 from __future__ import annotations
 
 import itertools
 import logging
+import secrets
 import time
 from collections.abc import Callable
 
@@ -20,8 +23,10 @@ from specsteer.protocol import (
     ConnectionFailed,
     DraftReceived,
     ErrorCode,
+    Event,
     HelloReceived,
     Limits,
+    Message,
     ResumeRequested,
     RowRequested,
     SessionRequested,
@@ -30,8 +35,15 @@ from specsteer_companion.cross import CrossVerifierSession
 from specsteer_companion.verifier import Verifier, VerifierSession
 
 log = logging.getLogger("specsteer_companion")
-_session_ids = itertools.count(1)
-_connection_ids = itertools.count(1)
+_connection_ids = itertools.count(1)  # open mode's identities: never sent to a device
+# Session ids are random, so a device learns nothing of other sessions from its own: 52 random
+# bits under a top bit of 2**52, so every id is exact in a JSON number and takes the same 8
+# varint bytes (byte counts do not vary from session to session).
+SESSION_ID_BITS = 53
+
+
+def new_session_id() -> int:
+    return secrets.randbits(SESSION_ID_BITS - 1) | 1 << (SESSION_ID_BITS - 1)
 
 # Returns an identity (e.g. the device name) for a valid token, None to refuse.
 Authenticator = Callable[[str], "str | None"]
@@ -41,8 +53,7 @@ class CompanionEndpoint:
     """The companion side of one connection."""
 
     def __init__(self, verifier: Verifier, *, authenticate: Authenticator | None = None,
-                 limits: Limits | None = None,
-                 on_session: Callable[[str, bool], bool] | None = None) -> None:
+                 limits: Limits | None = None) -> None:
         self.verifier = verifier
         base = limits or Limits()
         self.limits = Limits(
@@ -57,7 +68,6 @@ class CompanionEndpoint:
         self.authenticate = authenticate
         self.identity: str | None = None
         self.session: VerifierSession | CrossVerifierSession | None = None
-        self.on_session = on_session  # (identity, opening) -> allowed; for session quotas
         self.rounds = 0
         self.resumes = 0  # sessions rebuilt here from a device's public state (Resume)
         self.compute_s = 0.0
@@ -68,8 +78,15 @@ class CompanionEndpoint:
 
     def handle(self, frame: bytes) -> list[bytes]:
         """Consume one frame; return the frames to send back (possibly an Error)."""
+        return self._run(lambda: self.conn.receive_frame(frame))
+
+    def handle_message(self, message: Message, size: int) -> list[bytes]:
+        """`handle` for a frame of `size` bytes the adapter decoded, with `conn.limits`."""
+        return self._run(lambda: self.conn.receive_message(message, size))
+
+    def _run(self, receive: Callable[[], list[Event]]) -> list[bytes]:
         try:
-            for event in self.conn.receive_frame(frame):
+            for event in receive():
                 self._dispatch(event)
         except SessionError as exc:
             # A valid request this companion cannot serve (the session outgrew its KV cache):
@@ -161,9 +178,6 @@ class CompanionEndpoint:
         if not request.prompt_ids:  # the verifier needs a position to predict from
             self.conn.fail(ErrorCode.BAD_VALUE, "the prompt is empty")
             return
-        if self.on_session is not None and not self.on_session(self.identity or "", True):
-            self.conn.fail(ErrorCode.SESSION_LIMIT, "too many open sessions")
-            return
         resumed = isinstance(request, protocol.Resume)
         try:
             if resumed:
@@ -172,28 +186,20 @@ class CompanionEndpoint:
                                                   owner=self.identity or "")
             else:
                 self.session = self.verifier.open(request, owner=self.identity or "")
-        except Exception as exc:
-            # The quota slot taken above is held by no session: give it back on *any* failure,
-            # or a few unservable OpenSessions would lock the identity (or everyone) out.
-            if self.on_session is not None:
-                self.on_session(self.identity or "", False)
-            if isinstance(exc, SessionError):  # the prompt does not fit the KV cache
-                self.conn.fail(ErrorCode.LIMIT_EXCEEDED, f"cannot open the session: {exc}")
-            elif isinstance(exc, ValueError):
-                self.conn.fail(ErrorCode.UNSUPPORTED, str(exc))
-            else:
-                raise
+        except SessionError as exc:  # the prompt does not fit the KV cache
+            self.conn.fail(ErrorCode.LIMIT_EXCEEDED, f"cannot open the session: {exc}")
+            return
+        except ValueError as exc:
+            self.conn.fail(ErrorCode.UNSUPPORTED, str(exc))
             return
         if resumed:
             self.resumes += 1
             log.info("%s: resumed a session at round %d over %d prompt + %d committed tokens",
                      self.identity, request.round, len(request.prompt_ids),
                      len(request.committed_ids))
-        self.conn.session_opened(next(_session_ids))
+        self.conn.session_opened(new_session_id())
 
     def _end_session(self) -> None:
         if self.session is not None:
             self.session.close()
             self.session = None
-            if self.on_session is not None:
-                self.on_session(self.identity or "", False)

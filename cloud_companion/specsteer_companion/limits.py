@@ -44,9 +44,34 @@ DEFAULT_MAX_CONNECTIONS_PER_ADDRESS = 32
 # keeps FD_RESERVE descriptors free for its own files and one accept batch).
 DEFAULT_MAX_CONNECTIONS = 1024
 FD_RESERVE = 128
+# Connections accepted per turn of the event loop (asyncio takes its listen backlog for this).
+# Each new one may shed an older one whose descriptor is freed a turn later, so up to two
+# batches are in flight beyond the cap: 2 x 32 fits the reserve with room for the server's own.
+ACCEPT_BATCH = 32
+# Connections the kernel queues before the server accepts them (capped by net.core.somaxconn).
+# A flood keeps hundreds of connects in flight; a short queue would be full of them and drop
+# a device's SYN, which it then resends only after 1, 3, 7 s. Queued connections hold no
+# descriptor of the server.
+LISTEN_BACKLOG = 4096
+# Connections that have not logged in yet, at most: half of the total, so that an attacker who
+# opens sockets from many addresses and never logs in cannot take the slots of devices that do
+# (the other half is kept for logged-in connections), and further lowered to half of a total
+# lowered by the descriptor limit. When the pool is full, a newcomer from an address holding
+# fewer waiting connections than the busiest address takes the slot of that address's oldest
+# (a device connecting during a flood gets in, with its full Hello deadline); a newcomer from
+# the busiest address is refused, which costs the server less than admitting it.
+DEFAULT_MAX_UNAUTHENTICATED = 512
 # Seconds from accepting a TCP connection to an accepted Hello (websocket handshake included):
 # a device sends its Hello at once, so only an attacker holding sockets open needs longer.
 DEFAULT_HELLO_TIMEOUT_S = 5.0
+# Seconds a logged-in device may stay silent before its connection (and KV caches) are freed.
+DEFAULT_IDLE_TIMEOUT_S = 120.0
+# How often the tokens of live connections are re-checked against the store (revocation).
+DEFAULT_REVOCATION_CHECK_S = 2.0
+# Ids a Draft or RowRequest may commit for free: the token the device chose from the previous
+# reply (the accepted drafts are already held by the companion). Beyond that, committed ids
+# are prefill work and are charged to the prompt budget like an OpenSession's prompt.
+FREE_COMMITTED_IDS = 1
 
 
 class TokenBucket:
@@ -78,12 +103,26 @@ class TokenBucket:
                 return True
             return False
 
-    def retry_after(self, n: float = 1) -> float:
-        """Seconds until `n` tokens will be available (0 if they are now), for a retry hint."""
-        self._check(n)
+    def try_charge(self, n: float) -> bool:
+        """Take `n` tokens, any number: up to the burst as `try_acquire`, and more only from a
+        full bucket, which then owes the rest (it refills from below zero). Whatever the sizes,
+        what is taken by time t never exceeds burst + rate x t plus one request's excess over
+        the burst."""
+        if not n > 0:
+            raise CompanionConfigError(f"cannot charge {n} tokens")
         with self._lock:
             self._refill()
-            return max(0.0, (n - self._tokens) / self.rate)
+            if self._tokens >= min(n, self.burst):
+                self._tokens -= n
+                return True
+            return False
+
+    def retry_after(self, n: float = 1) -> float:
+        """Seconds until `n` tokens (a full bucket, for more than the burst) will be available
+        (0 if they are now), for a retry hint."""
+        with self._lock:
+            self._refill()
+            return max(0.0, (min(n, self.burst) - self._tokens) / self.rate)
 
     @property
     def available(self) -> float:
@@ -111,6 +150,12 @@ def connection_cap(max_connections: int, descriptor_limit: int | None) -> int:
     if descriptor_limit is None:
         return max_connections
     return max(1, min(max_connections, descriptor_limit - FD_RESERVE))
+
+
+def unauthenticated_cap(max_unauthenticated: int, total: int) -> int:
+    """Connections admitted before login: `max_unauthenticated`, at most half of `total` (the
+    other half is kept for logged-in devices); at least 1."""
+    return max(1, min(max_unauthenticated, total // 2))
 
 
 class SessionCounter:
@@ -172,17 +217,16 @@ class PrefillBudget:
 
     def wait_s(self, identity: str, tokens: int) -> float | None:
         """None if `identity` may prefill `tokens` more prompt tokens now (they are taken), else
-        the seconds until it may. A prompt longer than the burst costs the whole burst, so it
-        can still be served."""
+        the seconds until it may. A prompt longer than the burst is served from a full budget
+        and leaves it owing the rest (`TokenBucket.try_charge`)."""
         with self._lock:
             bucket = self._buckets.get(identity)
             if bucket is None:
                 bucket = self._buckets[identity] = TokenBucket(self.rate, self.burst,
                                                                clock=self._clock)
-        cost = min(tokens, bucket.burst)
-        if bucket.try_acquire(cost):
+        if bucket.try_charge(tokens):
             return None
-        return bucket.retry_after(cost)
+        return bucket.retry_after(tokens)
 
     def forget_full(self, live: Collection[str]) -> None:
         """Drop the buckets that have refilled (a new one would be the same) of identities not

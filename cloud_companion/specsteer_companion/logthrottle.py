@@ -19,7 +19,8 @@ DEFAULT_PER_WINDOW = 5
 DEFAULT_WINDOW_S = 10.0
 # Loggers the companion's own failures and those of the libraries under it arrive through.
 COMPANION_LOGGERS = (
-    "specsteer_companion", "specsteer_companion.auth", "websockets.server", "asyncio",
+    "specsteer_companion", "specsteer_companion.auth", "specsteer_companion.ray",
+    "websockets.server", "asyncio",
 )
 
 

@@ -3,17 +3,18 @@
 Owns the two deployments and how a session stays on its replica. A `VerifierReplica` loads the
 models once and holds, per device connection, one `CompanionEndpoint` (protocol state machine,
 auth, KV caches: the very class the single-process server runs). The `Ingress`, one replica for
-the whole cluster by design, accepts the device's websocket and enforces what the single-process
-server enforces, with the same code and so for the whole cluster: connections per address and
-in total, Hello deadline, idle time, frame size, requests per connection, prompt tokens per
-device (`limits`), sessions per device and in total, and revocation of live connections
-(`revocation`). It forwards each frame to the replica holding that connection, tagged with its
-connection id: `ray_routing.SessionAffinityRouter` sends every request of an id to the replica
-it placed the first one on, and the replica keeps the id's endpoint in Serve's
-multiplexed-model cache (`max_sessions` per replica, least recently used evicted). Should a
-frame land on a replica without its state (its replica died or evicted it), or a replica die or
-stall, the ingress closes the websocket, and the device resumes the session on a fresh
-connection (`protocol.Resume`), which lands wherever the router puts the new id. TLS
+the whole cluster by design, accepts the device's websocket and admits it and its frames through
+the single-process server's `AdmissionGate`, so for the whole cluster: connections per address,
+in total and before login (the oldest of the busiest address shed when full), Hello deadline,
+idle time, frame size, requests per connection, prompt tokens per device, sessions per device
+and in total; and it ends the live connections of revoked tokens (`revocation`). The gate
+decodes each frame once; the ingress forwards the message to the replica holding that
+connection, tagged with its connection id: `ray_routing.SessionAffinityRouter` sends every
+request of an id to the replica it placed the first one on, and the replica keeps the id's
+endpoint in Serve's multiplexed-model cache (`max_sessions` per replica, least recently used
+evicted). Should a frame land on a replica without its state (its replica died or evicted it),
+or a replica die or stall, the ingress closes the websocket, and the device resumes the session
+on a fresh connection (`protocol.Resume`), which lands wherever the router puts the new id. TLS
 terminates at Serve's proxy (`http_options`).
 """
 
@@ -36,13 +37,14 @@ from ray import serve
 from ray.serve.config import AutoscalingConfig, HTTPOptions, RequestRouterConfig
 
 from specsteer import protocol
-from specsteer.protocol import ErrorCode, Limits, MessageType
+from specsteer.protocol import ErrorCode, Limits, Message
+from specsteer_companion import logthrottle
+from specsteer_companion.admission import AdmissionGate, Entry, Refusal
 from specsteer_companion.endpoint import CompanionEndpoint
-from specsteer_companion.limits import PrefillBudget, SessionCounter, TokenBucket
 from specsteer_companion.ray_config import RayCompanionConfig
 from specsteer_companion.ray_routing import SessionAffinityRouter
 from specsteer_companion.revocation import REVOKED_MESSAGE, RevocationCheck, watch_revocations
-from specsteer_companion.server import prefill_refusal, prompt_tokens
+from specsteer_companion.server import THROTTLE, TIMEOUTS
 from specsteer_companion.verifier import Verifier
 
 log = logging.getLogger("specsteer_companion.ray")
@@ -60,6 +62,7 @@ class Reply:
     closed: bool = False  # the endpoint closed the connection (Error or Close)
     lost: bool = False  # this replica holds no state for the connection: resume elsewhere
     resumed: bool = False  # the frame rebuilt a session (Resume)
+    limits: Limits | None = None  # what the endpoint decodes with now (the ingress does it)
 
 
 def _authenticator(config: RayCompanionConfig):  # type: ignore[no-untyped-def]
@@ -88,7 +91,7 @@ def _load_verifier(config: RayCompanionConfig) -> Verifier:
 
 def build_app(config: RayCompanionConfig):  # type: ignore[no-untyped-def]
     """The Serve application (ingress bound to the verifier deployment) for `config`."""
-    v, i = config.verifier, config.ingress
+    v = config.verifier
     autoscaling = AutoscalingConfig(
         min_replicas=v.min_replicas, max_replicas=v.max_replicas,
         initial_replicas=v.initial_replicas, target_ongoing_requests=v.target_ongoing_requests,
@@ -118,20 +121,22 @@ def build_app(config: RayCompanionConfig):  # type: ignore[no-untyped-def]
             self.counts["connections"] += 1
             return _HeldEndpoint(CompanionEndpoint(self.verifier, authenticate=self.authenticate))
 
-        async def handle(self, frame: bytes) -> Reply:
+        async def handle(self, message: Message, size: int) -> Reply:
+            """One frame of the connection, decoded by the ingress (with `Reply.limits`)."""
             held = await self.endpoint(serve.get_multiplexed_model_id())
             endpoint = held.endpoint
             fresh = endpoint.conn.state is protocol.State.START
-            if fresh and (len(frame) < 2 or frame[1] != MessageType.HELLO):
+            if fresh and not isinstance(message, protocol.Hello):
                 self.counts["lost"] += 1
                 return Reply([], self.replica, lost=True)
             resumes = endpoint.resumes
             frames = await asyncio.get_running_loop().run_in_executor(  # model work off the loop
-                self.pool, endpoint.handle, frame)
+                self.pool, endpoint.handle_message, message, size)
             resumed = endpoint.resumes > resumes
             self.counts["resumes"] += resumed
             self.counts["frames"] += 1
-            return Reply(frames, self.replica, endpoint.identity, endpoint.closed, resumed=resumed)
+            return Reply(frames, self.replica, endpoint.identity, endpoint.closed,
+                         resumed=resumed, limits=endpoint.conn.limits)
 
         async def release(self) -> None:
             """The device's connection ended: free its KV caches now."""
@@ -145,6 +150,12 @@ def build_app(config: RayCompanionConfig):  # type: ignore[no-untyped-def]
             """Serve restarts a replica whose models no longer run a token."""
             self.verifier.check()
 
+    return _ingress(config).bind(VerifierReplica.bind())
+
+
+def _ingress(config: RayCompanionConfig):  # type: ignore[no-untyped-def]
+    """The ingress deployment of `config`: one replica, a FastAPI app with the websocket."""
+    i = config.ingress
     app = FastAPI()
 
     # Each open websocket is one ongoing request of the ingress for its whole life: Serve's
@@ -154,145 +165,135 @@ def build_app(config: RayCompanionConfig):  # type: ignore[no-untyped-def]
                       max_ongoing_requests=i.max_connections + STATS_REQUESTS)
     @serve.ingress(app)
     class Ingress:
-        """Websocket front, one replica for the cluster: caps, budgets and revocation, then each
-        frame to the replica holding its connection."""
+        """Websocket front, one replica for the cluster (`_Relay` does the work)."""
 
         def __init__(self, verifiers) -> None:  # type: ignore[no-untyped-def]
+            logthrottle.install(THROTTLE)  # a flood's refusals log a bounded number of lines
             self.verifiers = verifiers
-            self.limits = Limits()
-            self.connections = SessionCounter(
-                max_per_token=min(i.max_connections_per_address, i.max_connections),
-                max_total=i.max_connections)
-            self.sessions = SessionCounter(max_per_token=i.max_sessions_per_identity,
-                                           max_total=i.max_sessions)
-            self.prefill = PrefillBudget(i.prefill_tokens_per_second, i.prefill_burst)
-            self.live: set[_Connection] = set()
-            self.check_revoked = _revocation_check(config)
-            self.watch: asyncio.Task[None] | None = None
-            self.per_replica: Counter[str] = Counter()  # sessions opened per replica
-            self.resumed: Counter[str] = Counter()
-            self.lost = 0
-            self.refused = 0  # connections refused by the per-address or total cap
+            self.relay = _Relay(config)
 
         @app.get("/stats")
         def stats(self) -> dict[str, object]:
             """What the ingress routed and refused: sessions and resumes per verifier replica."""
-            return {"sessions": dict(self.per_replica), "resumes": dict(self.resumed),
-                    "lost": self.lost, "refused": self.refused,
-                    "open_connections": self.connections.active(),
-                    "open_sessions": self.sessions.active()}
+            return self.relay.stats()
 
         @app.websocket("/")
         async def connect(self, ws: WebSocket) -> None:
-            peer = ws.client.host if ws.client else "?"
-            if not self.connections.acquire(peer):
-                self.refused += 1
-                log.warning("refused a connection from %s: %d open from it, %d in total", peer,
-                            self.connections.active(peer), self.connections.active())
-                await ws.close(code=1013, reason="too many connections")
-                return
-            if self.watch is None:  # started here: the replica's event loop runs by now
-                self.watch = asyncio.create_task(watch_revocations(
-                    lambda: self.live, self.check_revoked, i.revocation_check_s, _end_revoked,
-                    tidy=lambda: self.prefill.forget_full({c.identity or "" for c in self.live})))
-            conn = _Connection(ws)
-            self.live.add(conn)
-            handle = self.verifiers.options(multiplexed_model_id=uuid.uuid4().hex)
+            await self.relay.connect(ws, self.verifiers)
+
+    return Ingress
+
+
+class _Relay:
+    """The ingress's state (the admission gate, for the whole cluster) and the life of one
+    device websocket: admitted or refused, each frame through the gate to the replica holding
+    the connection, the replies back, revocation."""
+
+    def __init__(self, config: RayCompanionConfig) -> None:
+        self.ingress = config.ingress
+        self.gate = AdmissionGate(config.ingress)
+        self.check_revoked = _revocation_check(config)
+        self.watch: asyncio.Task[None] | None = None
+        self.per_replica: Counter[str] = Counter()  # sessions opened per replica
+        self.resumed: Counter[str] = Counter()
+        self.lost = 0
+
+    def stats(self) -> dict[str, object]:
+        return {"sessions": dict(self.per_replica), "resumes": dict(self.resumed),
+                "lost": self.lost, "refused": self.gate.refused, "shed": self.gate.shed,
+                "open_connections": self.gate.open_connections(),
+                "unauthenticated": self.gate.unauthenticated,
+                "open_sessions": self.gate.open_sessions()}
+
+    async def connect(self, ws: WebSocket, verifiers) -> None:  # type: ignore[no-untyped-def]
+        peer = ws.client.host if ws.client else "?"
+        conn = _Connection(ws, asyncio.current_task())
+        admission = self.gate.connect(peer, owner=conn)
+        for shed in admission.shed:
+            log.warning("closed a connection from %s that had not logged in, to make room "
+                        "for a new one", shed.peer)
+            shed.owner.shed()
+        if admission.entry is None:
+            log.warning("refused a connection from %s: %s", peer, admission.refused)
+            return await ws.close(code=1013, reason="too many connections")
+        if self.watch is None:  # started here: the replica's event loop runs by now
+            self.watch = asyncio.create_task(watch_revocations(
+                lambda: list(self.gate.live), self.check_revoked,
+                self.ingress.revocation_check_s, _end_revoked, tidy=self.gate.tidy))
+        handle = verifiers.options(multiplexed_model_id=uuid.uuid4().hex)
+        try:
+            await ws.accept()  # in here: a device gone mid-handshake gives its slot back
+            await self._serve(admission.entry, handle)
+        except asyncio.CancelledError:
+            if not conn.was_shed:
+                raise
+        finally:
+            self.gate.disconnect(admission.entry)
+            with contextlib.suppress(Exception):
+                handle.release.remote()
+            with contextlib.suppress(Exception):
+                await ws.close()
+
+    async def _serve(self, entry: Entry, handle) -> None:  # type: ignore[no-untyped-def]
+        ws, limits = entry.owner.ws, Limits()
+        while True:
             try:
-                await ws.accept()  # in here: a device gone mid-handshake gives its slot back
-                await self._serve(conn, handle)
-            finally:
-                self.live.discard(conn)
-                self.connections.release(peer)
-                if conn.session:
-                    self.sessions.release(conn.identity or "")
-                with contextlib.suppress(Exception):
-                    handle.release.remote()
-                with contextlib.suppress(Exception):
-                    await ws.close()
+                message = await asyncio.wait_for(ws.receive(), self.gate.wait_s(entry))
+            except TIMEOUTS:
+                return await _refuse(ws, self.gate.timed_out(entry))
+            if message["type"] == "websocket.disconnect":
+                return
+            frame = message.get("bytes")
+            checked = self.gate.check(entry, message.get("text") if frame is None else frame,
+                                      limits)
+            if isinstance(checked, Refusal):
+                return await _refuse(ws, checked)
+            reply = await self._forward(entry, handle, checked, len(frame or b""))
+            if reply is None or reply.lost:
+                self.lost += 1
+                return await ws.close(code=RESUME_CLOSE, reason="verifier lost: resume")
+            limits = reply.limits or limits
+            if entry.identity is None and reply.identity is not None and not reply.closed:
+                self.gate.logged_in(entry, reply.identity)
+            if isinstance(checked, protocol.OpenSession | protocol.Resume):
+                self.per_replica[reply.replica] += 1
+                if reply.resumed:
+                    self.resumed[reply.replica] += 1
+            for out in reply.frames:
+                await ws.send_bytes(out)
+            if reply.closed:
+                return
+            if entry.revoked:  # revoked while this frame was in flight
+                return await _refuse(ws, Refusal(ErrorCode.AUTH_FAILED, REVOKED_MESSAGE))
 
-        async def _serve(self, conn: _Connection, handle) -> None:  # type: ignore[no-untyped-def]
-            ws = conn.ws
-            bucket = TokenBucket(i.requests_per_second, i.burst)
-            while True:
-                timeout = i.idle_timeout_s if conn.identity is not None else i.hello_timeout_s
-                try:
-                    message = await asyncio.wait_for(ws.receive(), timeout)
-                except TimeoutError:
-                    return await _refuse(ws, ErrorCode.TIMEOUT, "idle timeout"
-                                         if conn.identity else "no Hello in time")
-                if message["type"] == "websocket.disconnect":
-                    return
-                if conn.revoked:
-                    return await _refuse(ws, ErrorCode.AUTH_FAILED, REVOKED_MESSAGE)
-                frame = message.get("bytes")
-                if frame is None:
-                    return await _refuse(ws, ErrorCode.BAD_FRAME, "text frames are not accepted")
-                if len(frame) > self.limits.max_message_bytes:
-                    return await _refuse(ws, ErrorCode.TOO_LARGE, "frame too large")
-                if not bucket.try_acquire():
-                    return await _refuse(ws, ErrorCode.RATE_LIMITED, "too many requests")
-                if why := self._admission_refusal(conn, frame):
-                    return await _refuse(ws, *why)
-                conn.busy = True
-                try:
-                    reply: Reply = await asyncio.wait_for(handle.handle.remote(frame),
-                                                          i.replica_timeout_s)
-                except (ray.exceptions.RayError, TimeoutError) as exc:
-                    log.warning("verifier replica lost (%s): the device resumes elsewhere",
-                                type(exc).__name__)
-                    self.lost += 1
-                    return await ws.close(code=RESUME_CLOSE, reason="verifier lost: resume")
-                finally:
-                    conn.busy = False
-                if reply.lost:
-                    self.lost += 1
-                    return await ws.close(code=RESUME_CLOSE, reason="session state lost: resume")
-                if conn.identity is None:
-                    conn.identity = reply.identity
-                if _opens_session(frame):
-                    self.per_replica[reply.replica] += 1
-                    if reply.resumed:
-                        self.resumed[reply.replica] += 1
-                for out in reply.frames:
-                    await ws.send_bytes(out)
-                if reply.closed:
-                    return
-                if conn.revoked:  # revoked while this frame was in flight
-                    return await _refuse(ws, ErrorCode.AUTH_FAILED, REVOKED_MESSAGE)
-
-        def _admission_refusal(self, conn: _Connection, frame: bytes
-                               ) -> tuple[ErrorCode, str] | None:
-            """What the single-process server checks before it runs a session-opening frame:
-            the device's prompt budget, then its session count (one per connection at most,
-            held until the connection ends, as the endpoint holds it)."""
-            if conn.identity is None or not _opens_session(frame):
-                return None
-            tokens = prompt_tokens(frame, self.limits)
-            if tokens and (why := prefill_refusal(self.prefill, conn.identity, tokens)):
-                return ErrorCode.RATE_LIMITED, why
-            if not conn.session:
-                if not self.sessions.acquire(conn.identity):
-                    return ErrorCode.SESSION_LIMIT, "too many open sessions"
-                conn.session = True
+    async def _forward(self, entry: Entry, handle, message: Message,  # type: ignore[no-untyped-def]
+                       size: int) -> Reply | None:
+        """The replica's reply to one message; None if the replica died or stalled."""
+        entry.busy = True
+        try:
+            return await asyncio.wait_for(handle.handle.remote(message, size),
+                                          self.ingress.replica_timeout_s)
+        except (ray.exceptions.RayError, *TIMEOUTS) as exc:
+            log.warning("verifier replica lost (%s): the device resumes elsewhere",
+                        type(exc).__name__)
             return None
-
-    return Ingress.bind(VerifierReplica.bind())
+        finally:
+            entry.busy = False
 
 
 @dataclass(eq=False)
 class _Connection:
-    """One device websocket on the ingress (`revocation.Revocable`)."""
+    """The ingress's handle on one device websocket: what the gate closes if it sheds it."""
 
     ws: WebSocket
-    identity: str | None = None  # its token id once the replica accepted its Hello
-    busy: bool = False  # a frame of it is at a verifier replica
-    revoked: bool = False
-    session: bool = False  # holds one of the session slots
+    task: asyncio.Task[None] | None
+    was_shed: bool = False
 
-
-def _opens_session(frame: bytes) -> bool:
-    return len(frame) > 1 and frame[1] in (MessageType.OPEN_SESSION, MessageType.RESUME)
+    def shed(self) -> None:
+        """Closed by the gate before login, to make room: stop serving it."""
+        self.was_shed = True
+        if self.task is not None:
+            self.task.cancel()
 
 
 def _revocation_check(config: RayCompanionConfig) -> RevocationCheck | None:
@@ -303,8 +304,8 @@ def _revocation_check(config: RayCompanionConfig) -> RevocationCheck | None:
     return TokenStore(config.tokens).revoked_among  # type: ignore[arg-type]
 
 
-async def _end_revoked(conn: _Connection) -> None:
-    await _refuse(conn.ws, ErrorCode.AUTH_FAILED, REVOKED_MESSAGE)
+async def _end_revoked(entry: Entry) -> None:
+    await _refuse(entry.owner.ws, Refusal(ErrorCode.AUTH_FAILED, REVOKED_MESSAGE))
 
 
 class _HeldEndpoint:
@@ -317,9 +318,9 @@ class _HeldEndpoint:
         self.endpoint.release()
 
 
-async def _refuse(ws: WebSocket, code: ErrorCode, text: str) -> None:
+async def _refuse(ws: WebSocket, refusal: Refusal) -> None:
     with contextlib.suppress(Exception):
-        await ws.send_bytes(protocol.encode(protocol.Error(code, text)))
+        await ws.send_bytes(protocol.encode(protocol.Error(*refusal)))
     await ws.close()
 
 

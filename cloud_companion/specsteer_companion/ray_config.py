@@ -9,20 +9,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from specsteer.errors import CompanionConfigError
-from specsteer_companion.limits import (
-    DEFAULT_BURST,
-    DEFAULT_HELLO_TIMEOUT_S,
-    DEFAULT_MAX_CONNECTIONS,
-    DEFAULT_MAX_CONNECTIONS_PER_ADDRESS,
-    DEFAULT_MAX_SESSIONS_PER_TOKEN,
-    DEFAULT_MAX_SESSIONS_TOTAL,
-    DEFAULT_PREFILL_BURST,
-    DEFAULT_PREFILL_TOKENS_PER_S,
-    DEFAULT_RATE_PER_S,
-)
+from specsteer_companion.admission import ServerConfig
 from specsteer_companion.vllm_engine import VllmOptions, resolve_model
 
 
@@ -77,29 +67,20 @@ class VerifierSection:
 
 
 @dataclass(frozen=True)
-class IngressSection:
-    """The websocket ingress: address, TLS, and the limits an adapter enforces.
+class IngressSection(ServerConfig):
+    """The websocket ingress: `ServerConfig` (address and every limit an adapter enforces, with
+    the same defaults), plus TLS, its CPU share and how long a verifier replica may take.
 
     One replica by design: it sees every connection of the cluster, so its caps, budgets and
     revocation are the cluster's, exactly as in the single-process server."""
 
-    host: str = "127.0.0.1"
-    port: int = 8765
+    # not in the file: the ingress runs no model threads, and the protocol bounds are fixed
+    NOT_IN_FILE: ClassVar[frozenset[str]] = frozenset({"workers", "limits"})
+
     num_cpus: float = 0.5
     cert: str | None = None  # TLS certificate (PEM); with `key`, devices use wss://
     key: str | None = None
-    hello_timeout_s: float = DEFAULT_HELLO_TIMEOUT_S
-    idle_timeout_s: float = 120.0
     replica_timeout_s: float = 60.0  # a frame the replica does not answer in time: resync
-    max_connections: int = DEFAULT_MAX_CONNECTIONS  # open websockets, whole cluster
-    max_connections_per_address: int = DEFAULT_MAX_CONNECTIONS_PER_ADDRESS
-    max_sessions: int = DEFAULT_MAX_SESSIONS_TOTAL  # open sessions, whole cluster
-    max_sessions_per_identity: int = DEFAULT_MAX_SESSIONS_PER_TOKEN
-    requests_per_second: float = DEFAULT_RATE_PER_S  # per connection
-    burst: int = int(DEFAULT_BURST)
-    prefill_tokens_per_second: float = DEFAULT_PREFILL_TOKENS_PER_S  # per device token
-    prefill_burst: int = int(DEFAULT_PREFILL_BURST)
-    revocation_check_s: float = 2.0  # how often live connections' tokens are re-checked
 
 
 @dataclass(frozen=True)
@@ -122,15 +103,9 @@ class RayCompanionConfig:
                 f"verifier: need 0 <= min_replicas <= max_replicas >= 1, got "
                 f"{v.min_replicas}..{v.max_replicas}")
         counts = {"verifier.max_sessions": v.max_sessions,
-                  "verifier.max_ongoing_requests": v.max_ongoing_requests,
-                  "ingress.max_connections": i.max_connections,
-                  "ingress.max_connections_per_address": i.max_connections_per_address,
-                  "ingress.max_sessions": i.max_sessions,
-                  "ingress.max_sessions_per_identity": i.max_sessions_per_identity}
+                  "verifier.max_ongoing_requests": v.max_ongoing_requests}
         if small := [name for name, n in counts.items() if n < 1]:
             raise CompanionConfigError(f"{', '.join(small)} must be >= 1")
-        if not i.revocation_check_s > 0:
-            raise CompanionConfigError("ingress.revocation_check_s must be > 0")
         if (i.cert is None) != (i.key is None):
             raise CompanionConfigError("ingress: TLS takes both cert and key; the companion "
                                        "does not serve plain ws:// when TLS was asked for")
@@ -146,14 +121,14 @@ def _build(kind: type, values: Any, where: str) -> Any:
         return kind()
     if not isinstance(values, dict):
         raise CompanionConfigError(f"{where} must be a mapping")
-    known = {f.name for f in fields(kind)}
+    known = {f.name for f in fields(kind)} - getattr(kind, "NOT_IN_FILE", frozenset())
     unknown = sorted(set(values) - known)
     if unknown:
         raise CompanionConfigError(f"{where}: unknown key(s) {', '.join(unknown)}; "
                                    f"known: {', '.join(sorted(known))}")
     try:
         return kind(**values)
-    except TypeError as exc:
+    except (TypeError, CompanionConfigError) as exc:
         raise CompanionConfigError(f"{where}: {exc}") from exc
 
 

@@ -1,13 +1,15 @@
-"""The companion's websocket server: a thin asyncio adapter over `CompanionEndpoint`.
+"""The companion's websocket server: a thin asyncio adapter over `AdmissionGate` and
+`CompanionEndpoint`.
 
 One endpoint (protocol state machine + verifier session) per connection; model work runs on a
 `FairExecutor`, one queue per device, the device charged least for worker time served first, so
 a device that floods frames or long prompts delays mostly itself (with batching models, one
-thread per session, so that all of them can wait for the same pass). Enforced here are the
-limits only an adapter can see: connections per address and in total (lowered to fit the
-descriptor limit), the Hello deadline, frame size (websockets' max_size), idle time, requests
-per connection, prompt tokens per device, session counts, and token revocation for live
-connections. Repeated log messages are throttled (`logthrottle`).
+thread per session, so that all of them can wait for the same pass). What a connection may do
+is the gate's to say (`admission`: connections per address, in total and before login, the
+Hello deadline, idle time, requests per connection, prompt tokens per device, session counts);
+this adapter tells it what happens on the sockets, closes what it sheds or refuses, enforces
+the frame size (websockets' max_size) and ends the connections of revoked tokens. Repeated log
+messages are throttled (`logthrottle`).
 """
 
 from __future__ import annotations
@@ -16,79 +18,34 @@ import asyncio
 import contextlib
 import errno
 import logging
+import socket
 import ssl
 import threading
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Iterator
 from functools import partial
 
 from websockets.asyncio.server import ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
 
-from specsteer import protocol
-from specsteer.errors import ProtocolError
-from specsteer.protocol import ErrorCode, Limits, MessageType
+from specsteer.protocol import ErrorCode, Limits
 from specsteer_companion import logthrottle
+from specsteer_companion.admission import AdmissionGate, Entry, Refusal, ServerConfig
 from specsteer_companion.batching import BatchingModel
 from specsteer_companion.endpoint import Authenticator, CompanionEndpoint
-from specsteer_companion.limits import (
-    DEFAULT_BURST,
-    DEFAULT_HELLO_TIMEOUT_S,
-    DEFAULT_MAX_CONNECTIONS,
-    DEFAULT_MAX_CONNECTIONS_PER_ADDRESS,
-    DEFAULT_MAX_SESSIONS_PER_TOKEN,
-    DEFAULT_MAX_SESSIONS_TOTAL,
-    DEFAULT_PREFILL_BURST,
-    DEFAULT_PREFILL_TOKENS_PER_S,
-    DEFAULT_RATE_PER_S,
-    PrefillBudget,
-    SessionCounter,
-    TokenBucket,
-    connection_cap,
-)
+from specsteer_companion.limits import ACCEPT_BATCH, LISTEN_BACKLOG
 from specsteer_companion.revocation import REVOKED_MESSAGE, RevocationCheck, watch_revocations
 from specsteer_companion.scheduler import FairExecutor
 from specsteer_companion.verifier import Verifier
 
+__all__ = ["THROTTLE", "CompanionServer", "ServerConfig"]
+
 log = logging.getLogger("specsteer_companion")
 THROTTLE = logthrottle.Throttle()  # one per process: every server shares the log it writes to
-
-
-@dataclass
-class ServerConfig:
-    """Network-side settings; the reason for each default is next to it in `limits`."""
-
-    host: str = "127.0.0.1"  # loopback unless asked: the companion is a service, not a toy
-    port: int = 8765
-    workers: int = 2  # model threads; one per core on a small box
-    idle_timeout_s: float = 120.0  # a device that says nothing for 2 min frees its KV caches
-    hello_timeout_s: float = DEFAULT_HELLO_TIMEOUT_S
-    max_connections: int = DEFAULT_MAX_CONNECTIONS
-    max_connections_per_address: int = DEFAULT_MAX_CONNECTIONS_PER_ADDRESS
-    max_sessions: int = DEFAULT_MAX_SESSIONS_TOTAL
-    max_sessions_per_identity: int = DEFAULT_MAX_SESSIONS_PER_TOKEN
-    requests_per_second: float = DEFAULT_RATE_PER_S  # per connection
-    burst: int = int(DEFAULT_BURST)
-    prefill_tokens_per_second: float = DEFAULT_PREFILL_TOKENS_PER_S  # per identity
-    prefill_burst: int = int(DEFAULT_PREFILL_BURST)
-    revocation_check_s: float = 2.0  # how often live connections' tokens are re-checked
-    limits: Limits | None = None
-
-
-@dataclass(eq=False)
-class _Live:
-    """One open connection as the server tracks it."""
-
-    ws: ServerConnection
-    endpoint: CompanionEndpoint
-    key: str  # the scheduling queue before login: the peer address
-    busy: bool = False  # a frame of it is being handled on a worker thread
-    revoked: bool = False
-
-    @property
-    def identity(self) -> str | None:
-        return self.endpoint.identity
+# What `asyncio.wait_for` raises at its deadline: `asyncio.TimeoutError`, an alias of the
+# builtin only from Python 3.11 on (the floor of this package); both named so a timeout is
+# never mistaken for a crash.
+TIMEOUTS = (TimeoutError, asyncio.TimeoutError)
 
 
 def _descriptor_limit() -> int | None:
@@ -101,34 +58,14 @@ def _descriptor_limit() -> int | None:
     return None if soft == resource.RLIM_INFINITY else soft
 
 
-def prompt_tokens(frame: bytes, limits: Limits) -> int:
-    """Tokens an OpenSession or Resume frame asks to prefill, 0 for any other (or malformed)."""
-    if len(frame) < 2 or frame[1] not in (MessageType.OPEN_SESSION, MessageType.RESUME):
-        return 0
-    try:
-        message = protocol.decode(frame, limits)
-    except ProtocolError:
-        return 0  # the endpoint will refuse it with the right code
-    if isinstance(message, protocol.Resume):
-        return len(message.held_ids)
-    return len(message.prompt_ids) if isinstance(message, protocol.OpenSession) else 0
-
-
-def prefill_refusal(budget: PrefillBudget, identity: str, tokens: int) -> str | None:
-    """None if `identity` may prefill `tokens` prompt tokens now, else what to tell it."""
-    wait = budget.wait_s(identity, tokens)
-    if wait is None:
-        return None
-    return f"prompt budget exhausted: {tokens} prompt tokens, retry in {wait:.1f} s"
-
-
 class CompanionServer:
     """Serve one Verifier to many devices over websockets."""
 
     def __init__(self, verifier: Verifier, config: ServerConfig | None = None, *,
                  authenticate: Authenticator | None = None,
                  check_revoked: RevocationCheck | None = None,
-                 ssl_context: ssl.SSLContext | None = None) -> None:
+                 ssl_context: ssl.SSLContext | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.verifier = verifier
         self.config = config or ServerConfig()
         self.authenticate = authenticate
@@ -136,18 +73,9 @@ class CompanionServer:
         self.ssl_context = ssl_context
         self.limits = self.config.limits or Limits()
         self._pool = FairExecutor(self.pool_size, name="verify")
-        self._sessions = SessionCounter(max_per_token=self.config.max_sessions_per_identity,
-                                        max_total=self.config.max_sessions)
-        self.max_connections = connection_cap(self.config.max_connections, _descriptor_limit())
-        self._connections = SessionCounter(
-            max_per_token=min(self.config.max_connections_per_address, self.max_connections),
-            max_total=self.max_connections)
-        self._prefill = PrefillBudget(self.config.prefill_tokens_per_second,
-                                      self.config.prefill_burst)
-        self._live: set[_Live] = set()
+        self.gate = AdmissionGate(self.config, descriptor_limit=_descriptor_limit(), clock=clock)
         self.port: int | None = None
         self.connections = 0  # handled (admitted and logged in or not) since start
-        self.refused = 0  # connections closed at accept by the per-address or total cap
 
     @property
     def pool_size(self) -> int:
@@ -163,123 +91,113 @@ class CompanionServer:
             return max(self.config.workers, self.config.max_sessions)
         return self.config.workers
 
+    @property
+    def max_connections(self) -> int:
+        return self.gate.max_connections
+
+    @property
+    def refused(self) -> int:
+        """Connections closed at accept by the per-address cap or a total of logged-in ones."""
+        return self.gate.refused
+
     def open_connections(self, address: str | None = None) -> int:
         """Connections admitted and still open, from `address` or in total."""
-        return self._connections.active(address)
+        return self.gate.open_connections(address)
 
-    def _session_quota(self, identity: str, opening: bool) -> bool:
-        if opening:
-            return self._sessions.acquire(identity)
-        self._sessions.release(identity)
-        return True
+    def open_sessions(self) -> int:
+        return self.gate.open_sessions()
 
     # -- admission at accept ---------------------------------------------------------------
 
     def _connection_class(self) -> type[ServerConnection]:
-        server = self
+        gate = self.gate
 
         class AdmittedConnection(ServerConnection):
-            """Counts itself against the caps as soon as the socket is accepted."""
+            """Reports itself to the gate as soon as the socket is accepted."""
 
-            peer = ""
-            admitted = False
-            accepted_at = 0.0
+            entry: Entry | None = None
+            endpoint: CompanionEndpoint | None = None  # once the websocket handshake is done
 
             def connection_made(self, transport: asyncio.BaseTransport) -> None:
                 super().connection_made(transport)
-                self.accepted_at = time.monotonic()
                 peername = transport.get_extra_info("peername")
-                self.peer = str(peername[0]) if peername else "?"
-                self.admitted = server._connections.acquire(self.peer)
-                if not self.admitted:
-                    server.refused += 1
-                    per_address = server._connections.max_per_token
-                    why = (f"{per_address} open from this address"
-                           if server._connections.active(self.peer) >= per_address
-                           else f"{server.max_connections} open in total")
-                    log.warning("refused a connection from %s: %s", self.peer, why)
+                peer = str(peername[0]) if peername else "?"
+                admission = gate.connect(peer, owner=self)
+                for shed in admission.shed:
+                    log.warning("closed a connection from %s that had not logged in, to make "
+                                "room for a new one (%d waiting)", shed.peer, gate.unauthenticated)
+                    shed.owner.transport.abort()
+                self.entry = admission.entry
+                if self.entry is None:
+                    log.warning("refused a connection from %s: %s", peer, admission.refused)
                     transport.abort()
 
             def connection_lost(self, exc: Exception | None) -> None:
-                if self.admitted:
-                    self.admitted = False
-                    server._connections.release(self.peer)
+                if self.entry is not None:
+                    gate.disconnect(self.entry)
                 super().connection_lost(exc)
 
         return AdmittedConnection
 
-    # -- budgets -----------------------------------------------------------------------------
-
-    def _forget_full_buckets(self) -> None:
-        self._prefill.forget_full({conn.endpoint.identity or "" for conn in self._live})
-
     # -- one connection ----------------------------------------------------------------------
 
     async def _handle(self, ws: ServerConnection) -> None:
+        entry: Entry | None = getattr(ws, "entry", None)
+        if entry is None or not entry.counted:  # refused or shed during the handshake
+            return
         endpoint = CompanionEndpoint(self.verifier, authenticate=self.authenticate,
-                                     limits=self.limits, on_session=self._session_quota)
-        bucket = TokenBucket(rate=self.config.requests_per_second, burst=self.config.burst)
-        peer = getattr(ws, "peer", "?")
-        conn = _Live(ws, endpoint, key=f"address:{peer}")
-        hello_deadline = getattr(ws, "accepted_at", time.monotonic()) + self.config.hello_timeout_s
+                                     limits=self.limits)
+        ws.endpoint = endpoint  # type: ignore[attr-defined]
         self.connections += 1
-        self._live.add(conn)
         try:
             while not endpoint.closed:
-                logged_in = endpoint.identity is not None
-                timeout = (self.config.idle_timeout_s if logged_in
-                           else max(0.0, hello_deadline - time.monotonic()))
                 try:
-                    frame = await asyncio.wait_for(ws.recv(), timeout)
-                except TimeoutError:
-                    why = ("idle timeout" if logged_in
-                           else f"no Hello within {self.config.hello_timeout_s:g} s")
-                    replies = endpoint.fail(ErrorCode.TIMEOUT, why)
+                    frame = await asyncio.wait_for(ws.recv(), self.gate.wait_s(entry))
+                except TIMEOUTS:
+                    replies = endpoint.fail(*self.gate.timed_out(entry))
                 else:
-                    replies = await self._reply(conn, bucket, frame)
-                if conn.revoked and not endpoint.closed:
+                    replies = await self._reply(entry, endpoint, frame)
+                if entry.revoked and not endpoint.closed:
                     replies += endpoint.fail(ErrorCode.AUTH_FAILED, REVOKED_MESSAGE)
                 for reply in replies:
                     await ws.send(reply)
         except ConnectionClosed:
             pass
         finally:
-            self._live.discard(conn)
             endpoint.release()
+            self.gate.release_session(entry)
             await ws.close()
 
-    async def _reply(self, conn: _Live, bucket: TokenBucket, frame: str | bytes) -> list[bytes]:
-        endpoint = conn.endpoint
-        if conn.revoked:
-            return endpoint.fail(ErrorCode.AUTH_FAILED, REVOKED_MESSAGE)
-        if isinstance(frame, str):
-            return endpoint.fail(ErrorCode.BAD_FRAME, "text frames are not accepted")
-        if not bucket.try_acquire():
-            return endpoint.fail(ErrorCode.RATE_LIMITED, "too many requests")
-        identity = endpoint.identity
-        prefill = prompt_tokens(frame, self.limits) if identity is not None else 0
-        if prefill and (why := prefill_refusal(self._prefill, identity or "", prefill)):
-            return endpoint.fail(ErrorCode.RATE_LIMITED, why)
-        conn.busy = True
+    async def _reply(self, entry: Entry, endpoint: CompanionEndpoint,
+                     frame: str | bytes) -> list[bytes]:
+        checked = self.gate.check(entry, frame, endpoint.conn.limits)
+        if isinstance(checked, Refusal):
+            return endpoint.fail(*checked)
+        entry.busy = True
         try:
-            job = self._pool.submit(identity or conn.key, partial(endpoint.handle, frame))
-            return await asyncio.wrap_future(job)
+            job = self._pool.submit(entry.identity or f"address:{entry.peer}",
+                                    partial(endpoint.handle_message, checked, len(frame)))
+            replies = await asyncio.wrap_future(job)
         finally:
-            conn.busy = False
+            entry.busy = False
+        if entry.identity is None and endpoint.identity is not None and not endpoint.closed:
+            self.gate.logged_in(entry, endpoint.identity)
+        return replies
 
     # -- revocation --------------------------------------------------------------------------
 
     async def _watch(self) -> None:
         """Every `revocation_check_s`: end connections whose token was revoked, tidy budgets."""
-        await watch_revocations(lambda: self._live, self.check_revoked,
+        await watch_revocations(lambda: list(self.gate.live), self.check_revoked,
                                 self.config.revocation_check_s, self._end_revoked,
-                                tidy=self._forget_full_buckets)
+                                tidy=self.gate.tidy)
 
-    async def _end_revoked(self, conn: _Live) -> None:
+    async def _end_revoked(self, entry: Entry) -> None:
+        ws = entry.owner
         with contextlib.suppress(ConnectionClosed):
-            for reply in conn.endpoint.fail(ErrorCode.AUTH_FAILED, REVOKED_MESSAGE):
-                await conn.ws.send(reply)
-        await conn.ws.close()
+            for reply in ws.endpoint.fail(ErrorCode.AUTH_FAILED, REVOKED_MESSAGE):
+                await ws.send(reply)
+        await ws.close()
 
     # -- running -----------------------------------------------------------------------------
 
@@ -294,11 +212,14 @@ class CompanionServer:
                              ssl=self.ssl_context, create_connection=self._connection_class(),
                              open_timeout=self.config.hello_timeout_s,
                              max_size=self.limits.max_message_bytes, compression=None,
-                             ping_interval=20, ping_timeout=20) as server:
+                             ping_interval=20, ping_timeout=20,
+                             backlog=ACCEPT_BATCH) as server:
+                _queue_more_than_a_batch(server.sockets)
                 self.port = next(iter(server.sockets)).getsockname()[1]
-                log.info("companion listening on %s:%s (at most %d connections, %d per address)",
-                         self.config.host, self.port, self.max_connections,
-                         self._connections.max_per_token)
+                log.info("companion listening on %s:%s (at most %d connections, %d per address, "
+                         "%d before login)", self.config.host, self.port,
+                         self.gate.max_connections, self.gate.max_per_address,
+                         self.gate.max_unauthenticated)
                 if ready is not None:
                     ready(self.port)
                 await (stop.wait() if stop is not None else asyncio.Future())
@@ -337,6 +258,15 @@ class CompanionServer:
         finally:
             loop.call_soon_threadsafe(stop.set)
             thread.join(10)
+
+
+def _queue_more_than_a_batch(sockets: Iterable[socket.socket]) -> None:
+    """asyncio uses one number as the listen backlog and the accept batch: listen again with
+    `LISTEN_BACKLOG` (on a duplicate of each descriptor: the same socket) so that a flood's
+    pending connects do not fill the kernel's queue and drop a device's."""
+    for listening in sockets:
+        with socket.fromfd(listening.fileno(), listening.family, listening.type) as same:
+            same.listen(LISTEN_BACKLOG)
 
 
 _RESOURCE_ERRORS = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)

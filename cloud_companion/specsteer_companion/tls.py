@@ -120,7 +120,7 @@ def make_self_signed(directory: str | os.PathLike[str], hostname: str = "localho
     names = _subject_alt_names(hostname)
     key = ec.generate_private_key(ec.SECP256R1())  # P-256: fast to make, accepted everywhere
     subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, hostname)])
-    now = datetime.datetime.now(datetime.timezone.utc)
+    now = datetime.datetime.now(datetime.UTC)
     public = key.public_key()
     cert = (
         x509.CertificateBuilder()

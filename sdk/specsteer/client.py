@@ -35,7 +35,7 @@ from specsteer.meta_answers import phrase_ids
 from specsteer.prepared import KeptSessions, KeptTracks, OpeningSession
 from specsteer.runtime import load_device_model
 from specsteer.runtime.base import LanguageModel
-from specsteer.tokenizer import Message
+from specsteer.tokenizer import Message, check_text
 
 ChannelFactory = Callable[[], FrameChannel]
 log = logging.getLogger("specsteer.client")
@@ -203,6 +203,11 @@ class Client:
         prefix: the user's draft to continue (see `stream`): it ends both views.
         exclude: record ids not to retrieve (the record being continued).
         """
+        check_text(prefix, "prefix")
+        if isinstance(before, str):
+            check_text(before, "before")
+        for record_id in exclude:
+            check_text(record_id, "exclude")
         hits = retrieve(self.history, task, query, self.retrieve_k, before=before,
                         exclude=exclude) if self.history is not None and self.retrieve_k > 0 else []
         tok = self.specialist.tokenizer

@@ -21,6 +21,7 @@ from specsteer.meta_answers import (
 )
 from specsteer.protocol import Mode, SessionSettings
 from specsteer.steer import SELECTS
+from specsteer.tokenizer import check_text
 
 _WIRE = SessionSettings()  # the method's defaults, written once (protocol.SessionSettings)
 
@@ -159,6 +160,8 @@ class Params:
             phrases = getattr(self, name)
             if not isinstance(phrases, tuple) or not all(isinstance(p, str) and p for p in phrases):
                 raise ValueError(f"{name} must be a tuple of non-empty strings")
+            for phrase in phrases:
+                check_text(phrase, name)
         for name in NGRAM_FIELDS:
             size = getattr(self, name)
             if size < 0 or size == 1:

@@ -5,6 +5,8 @@ touches the wrapped object: what alignment needs of it (vocabulary, added tokens
 settings, pre-tokenizer split, batch encoding) has its own method here. The vocabulary hash
 identifies a tokenizer by content, not by name: two models share the token path of the decoding
 loop only if their hashes are equal. `StreamDecoder` turns ids into text as they are generated.
+`check_text` says what text can be tokenized at all: a str that UTF-8 can encode (a lone
+surrogate such as "\\ud800", which JSON's escapes can carry, cannot).
 """
 
 from __future__ import annotations
@@ -22,6 +24,20 @@ from tokenizers import Tokenizer as _HFTokenizer
 from specsteer.errors import ModelError, TokenizerMissing
 
 _END_MARKERS = ("<|im_end|>", "<|endoftext|>", "<end_of_turn>", "<eos>", "</s>")
+
+
+def check_text(value: object, field: str) -> str:
+    """`value` if it is text a tokenizer can encode; else a ValueError naming `field` and the
+    first character that is not (callers map it to invalid params, never an internal error)."""
+    if not isinstance(value, str):
+        raise ValueError(f"{field} must be a string, got {type(value).__name__}")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        char = value[exc.start]
+        raise ValueError(f"{field} is not valid Unicode text: a lone surrogate U+{ord(char):04X} "
+                         f"at character {exc.start}") from None
+    return value
 
 
 @dataclass(frozen=True)
@@ -70,7 +86,7 @@ class Tokenizer:
 
     def encode(self, text: str, *, add_special: bool = False) -> list[int]:
         """Ids of `text`; `add_special` adds the tokenizer's own special tokens (Gemma's <bos>)."""
-        return self._hf.encode(text, add_special_tokens=add_special).ids
+        return self._hf.encode(check_text(text, "text"), add_special_tokens=add_special).ids
 
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
         """Ids of each text, no special tokens added; one call into the library for all."""

@@ -15,18 +15,35 @@ DRAFT = "Thanks Priya, the frost cloth is in the shed, and"
 
 
 def _frames(bridge, request=None) -> list[dict]:
+    """The frames (`companion.frame`) in the order they crossed, of one generation or all."""
     return [f["params"] for _, f in bridge.notifications if f.get("method") == "companion.frame"
             and (request is None or f["params"]["generation"] == request)]
 
 
-def _opened(bridge, request) -> str:
-    """The text of the OpenSession frame (the public request) of one generation."""
-    [frame] = [f for f in _frames(bridge, request) if f["type"] == "OpenSession"]
-    return "".join(t["text"] for t in frame["tokens"]["prompt_ids"])
+def _text(ids: list[dict]) -> str:
+    return "".join(t["text"] or "" for t in ids)
+
+
+def _opened(frames: list[dict]) -> list[str]:
+    """The text of each OpenSession frame (a public request) among `frames`."""
+    return [_text(f["tokens"]["prompt_ids"]) for f in frames if f["type"] == "OpenSession"]
+
+
+def _sent_texts(bridge) -> list[str]:
+    """What every uplink id list spells, and every Draft's committed and drafted ids joined in
+    the order they went up (a span split over rounds, as the companion reads it)."""
+    up = [f for f in _frames(bridge) if f["direction"] == "up"]
+    lists = [_text(ids) for f in up for ids in f.get("tokens", {}).values()]
+    stream = "".join(_text(f["tokens"].get(name, [])) for f in up if f["type"] == "Draft"
+                     for name in ("committed_ids", "draft_ids"))
+    return [*lists, stream]
 
 
 def test_prefix_is_prepared_continued_and_sent_with_the_request(spawn, companion_url,
                                                                 tmp_path) -> None:
+    """The prefix's session is opened by `prepare` while the user types, or by the generation
+    if that comes first (a race): it is told apart from the plain request's by order, not by
+    the generation a frame was seen under."""
     bridge = spawn("--companion", companion_url, "--history", str(tmp_path / "h.db"),
                    "--audit-frames")
     bridge.call("history.add", {"kind": "email", "title": "Frost",
@@ -43,10 +60,11 @@ def test_prefix_is_prepared_continued_and_sent_with_the_request(spawn, companion
     assert "local" not in result["provenance"] and len(result["stats"]["records"]) == 1
     plain = bridge.send("generate", {**query, "max_new_tokens": 4, "offline": "fail"})
     bridge.answer(plain)
-    assert _opened(bridge, request) == _opened(bridge, plain) + DRAFT
-    for frame in _frames(bridge):  # every id list that went up or came down, as text
-        for ids in frame.get("tokens", {}).values():
-            assert CANARY not in "".join(t["text"] or "" for t in ids)
+    [plain_request] = _opened(_frames(bridge, plain))
+    [continued] = _opened([f for f in _frames(bridge) if f["generation"] != plain])
+    assert continued == plain_request + DRAFT and DRAFT not in plain_request
+    sent = _sent_texts(bridge)
+    assert len(sent) > 3 and all(CANARY not in text for text in sent)
     bad = bridge.call("generate", {**query, "prefix": 7})
     assert bad["error"]["code"] == errors.INVALID_PARAMS
     assert bridge.close() == 0

@@ -6,7 +6,7 @@ import hashlib
 import sqlite3
 import stat
 import threading
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -19,7 +19,7 @@ class StepClock:
     """A UTC clock that advances one second per call, so timestamps are distinct and known."""
 
     def __init__(self) -> None:
-        self.moment = datetime(2025, 1, 1, tzinfo=timezone.utc)
+        self.moment = datetime(2025, 1, 1, tzinfo=UTC)
 
     def __call__(self) -> datetime:
         self.moment += timedelta(seconds=1)
@@ -162,7 +162,7 @@ class SetClock:
     """A UTC clock that stands still until a test moves it."""
 
     def __init__(self) -> None:
-        self.moment = datetime(2025, 1, 1, tzinfo=timezone.utc)
+        self.moment = datetime(2025, 1, 1, tzinfo=UTC)
 
     def __call__(self) -> datetime:
         return self.moment

@@ -18,6 +18,7 @@ OPTIONS = {
     "hello_timeout_s": "hello_timeout",
     "max_connections_per_address": "max_connections_per_address",
     "max_connections": "max_connections",
+    "max_unauthenticated": "max_unauthenticated",
     "requests_per_second": "rate",
     "burst": "burst",
     "prefill_tokens_per_second": "prefill_rate",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 
 import pytest
+from manual_clock import ManualClock as FakeClock
 
 from specsteer.errors import CompanionConfigError, CompanionLimitError
 from specsteer_companion.limits import (
@@ -16,14 +17,6 @@ from specsteer_companion.limits import (
     SessionCounter,
     TokenBucket,
 )
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def test_bucket_starts_full_and_refuses_past_burst() -> None:

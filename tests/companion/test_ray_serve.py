@@ -622,7 +622,8 @@ def test_the_example_cluster_config_is_valid():
     ({}, "token store"),
     ({"open_access": True, "verifier": {"replicas": 2}}, "unknown key"),
     ({"open_access": True, "ingress": {"replicas": 2}}, "unknown key"),  # one ingress, always
-    ({"open_access": True, "ingress": {"max_sessions": 0}}, "ingress.max_sessions must be >= 1"),
+    ({"open_access": True, "ingress": {"max_sessions": 0}},
+     "ingress: max_sessions must be an integer >= 1"),
     ({"open_access": True, "ingress": {"revocation_check_s": 0}}, "revocation_check_s"),
 ])
 def test_bad_configs_say_what_to_fix(data, message):
@@ -630,3 +631,31 @@ def test_bad_configs_say_what_to_fix(data, message):
 
     with pytest.raises(CompanionConfigError, match=message):
         parse_config(data)
+
+
+def test_a_device_logs_in_during_a_distributed_flood_at_the_ingress(cluster, tiny_model):
+    """The ingress admits through the single-process server's gate: 16 connections in all, so 8
+    before login. Twelve addresses keep three websockets each that complete the upgrade and
+    never send a Hello, reopened when dropped: a device logs in and generates each time, and the
+    ingress shed the oldest waiting connections to let it in. Plain ws:// here (the flood does
+    not speak TLS; it tries the gate, which TLS at the proxy does not change); last in this
+    module, as it redeploys without TLS."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    import flood
+
+    cluster.deploy(ingress={"max_connections": 16, "cert": None, "key": None})
+    url = f"ws://127.0.0.1:{cluster.port}"
+    hosts = [f"127.0.1.{n + 1}" for n in range(12)]
+    with flood.Flood(cluster.port, hosts, 3, upgrade=True) as attack:
+        _until(lambda: cluster_stats(url)["unauthenticated"] == 8, within_s=60)
+        for _ in range(3):
+            client = Client(tiny_model, companion=url, token=cluster.secret, connect_timeout_s=60)
+            assert not client.generate(SUBJECT, max_new_tokens=8, offline="fail").stats.degraded
+        assert attack.counts.dropped > 0
+    stats = cluster_stats(url)
+    assert stats["shed"] > 0 and stats["refused"] == 0
+
+
+def cluster_stats(url: str) -> dict:
+    with urllib.request.urlopen(url.replace("ws://", "http://") + "/stats", timeout=10) as reply:
+        return json.loads(reply.read())

@@ -48,9 +48,14 @@ TARGET_FRAMES = 10_000
 # Enough concurrent attackers to keep both verify workers busy, few enough that the honest
 # device's requests wait behind at most a dozen others.
 WORKERS = 12
-# An answer slower than this is a hang: a busy companion answers tiny-model requests in ms.
-REPLY_TIMEOUT_S = 10.0
-DEADLINE_S = 80.0  # the fuzzer stops here whatever it reached (the frame count then fails)
+# An answer slower than this is a hang: a busy companion answers tiny-model requests in ms, and
+# a minute leaves room for a machine loaded many times over (what is checked is that an answer
+# comes, not how fast).
+REPLY_TIMEOUT_S = 60.0
+# The fuzzer stops at TARGET_FRAMES, or here whatever it reached (the frame count then fails):
+# far beyond what the frames take on a loaded 2-core machine (~80 s at 5,700 frames a minute
+# under a load of 13), so the count does not depend on the machine's speed.
+DEADLINE_S = 900.0
 LIMITS = protocol.Limits()
 # the companion advertises no more prompt tokens than a session's KV cache holds
 PROMPT_LIMIT = min(LIMITS.max_prompt_tokens, Verifier.max_session_tokens)
@@ -598,7 +603,8 @@ def test_fuzzer_against_a_live_companion(tiny_model, tiny_generalist):
     )
     server = CompanionServer(Verifier(tiny_generalist, tiny_model), ServerConfig(port=0))
     with server.running() as url:
-        client = Client(tiny_model, history=history, companion=url, timeout_s=20.0)
+        client = Client(tiny_model, history=history, companion=url, timeout_s=REPLY_TIMEOUT_S,
+                        connect_timeout_s=REPLY_TIMEOUT_S)
         reference = [
             client.generate(q, max_new_tokens=24, offline="fail", **p).tokens for q, p in CASES
         ]
@@ -642,14 +648,13 @@ def test_fuzzer_against_a_live_companion(tiny_model, tiny_generalist):
             assert tokens == reference[n]
 
         # still serving: every session the fuzzer opened was released, and a device is served
-        for _ in range(50):
-            if server._sessions.active() == 0:
-                break
+        deadline = time.monotonic() + REPLY_TIMEOUT_S
+        while server.open_sessions() and time.monotonic() < deadline:
             time.sleep(0.1)
-        assert server._sessions.active() == 0
+        assert server.open_sessions() == 0
         for n, (query, params) in enumerate(CASES):
             again = client.generate(query, max_new_tokens=24, offline="fail", **params)
             assert again.tokens == reference[n] and not again.stats.degraded
-        link = CompanionLink(WebSocketChannel(url), timeout=5.0)
+        link = CompanionLink(WebSocketChannel(url), timeout=REPLY_TIMEOUT_S)
         assert link.hello(client_name="fuzz-0").vocab_size == tiny_generalist.vocab_size
         link.close()

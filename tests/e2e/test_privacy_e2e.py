@@ -12,11 +12,10 @@ from __future__ import annotations
 
 import dataclasses
 
-import numpy as np
 import pytest
-from privacy_audit import assert_canary_not_sent
+from privacy_audit import assert_canary_not_sent, check_logp_s0
 
-from specsteer import protocol, steer
+from specsteer import protocol
 from specsteer.client import Client
 from specsteer.history import HistoryStore
 from specsteer.runtime.base import LanguageModel
@@ -68,14 +67,7 @@ def _check_drafts_are_public_functions(model: LanguageModel, frames, temperature
             "round", "committed_ids", "draft_ids", "logp_s0"}, "a new Draft field: audit it"
         assert draft.round == index
         held += draft.committed_ids
-        if draft.logp_s0 is not None and draft.draft_ids:
-            session = model.new_session()
-            rows = session.append([*held, *draft.draft_ids])
-            session.close()
-            logp = steer.log_softmax(rows, temperature)
-            expected = [logp[len(held) - 1 + j, t] for j, t in enumerate(draft.draft_ids)]
-            np.testing.assert_allclose(draft.logp_s0, expected, rtol=2e-3, atol=2e-2)
-            s0_values += len(expected)
+        s0_values += check_logp_s0(model, held, draft, temperature)
         held += draft.draft_ids[: verdict.accepted]
     return s0_values
 

@@ -68,8 +68,13 @@ def _discard_rest_of_line(stream: BinaryIO) -> int:
 
 
 def encode(message: Any) -> bytes:
-    """One frame: compact JSON (non-ASCII kept as UTF-8) and a newline."""
-    return json.dumps(message, ensure_ascii=False, separators=(",", ":")).encode("utf-8") + b"\n"
+    """One frame: compact JSON (non-ASCII kept as UTF-8) and a newline. A lone surrogate (an id
+    or method name echoed from a request) is sent as its JSON escape, never a crash."""
+    try:
+        text = json.dumps(message, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+    except UnicodeEncodeError:
+        text = json.dumps(message, separators=(",", ":")).encode("ascii")
+    return text + b"\n"
 
 
 class FrameWriter:

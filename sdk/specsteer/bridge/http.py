@@ -31,7 +31,7 @@ from typing import Any
 
 from specsteer.bridge.errors import BUSY, INVALID_PARAMS, BridgeError
 from specsteer.bridge.handlers import Bridge
-from specsteer.bridge.schemas import check_params
+from specsteer.bridge.schemas import check_params, check_text_members
 
 log = logging.getLogger("specsteer.bridge.http")
 MAX_BODY_BYTES = 1 << 20
@@ -163,6 +163,7 @@ class _Handler(BaseHTTPRequestHandler):
             return
         try:
             body = json.loads(self.rfile.read(int(length)) or b"null")
+            check_text_members(body, "the body")
             params, stream = _generate_params(body)
         except (ValueError, BridgeError) as exc:
             self._error(400, str(exc), "invalid_params")

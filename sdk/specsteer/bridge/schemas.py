@@ -2,7 +2,9 @@
 
 Loads every schema file into one `referencing` registry, so cross-file `$ref`s resolve without
 any network access, and checks method params (and, in tests, results and notifications) with
-`jsonschema`'s Draft 2020-12 validator. Owns no method logic.
+`jsonschema`'s Draft 2020-12 validator; and that every string in them is text (a JSON escape can
+carry a lone surrogate, which no schema type refuses and nothing can encode). Owns no method
+logic.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from specsteer.bridge.errors import INVALID_PARAMS, BridgeError
+from specsteer.tokenizer import check_text
 
 PROTOCOL_VERSION = 1
 SCHEMA_DIR = Path(__file__).resolve().parent / "schema" / f"v{PROTOCOL_VERSION}"
@@ -55,8 +58,27 @@ def validator(name: str, part: str) -> Any:
     return jsonschema.Draft202012Validator(schema, registry=_registry())
 
 
+def check_text_members(value: Any, where: str = "params") -> None:
+    """Raise INVALID_PARAMS naming the first string (or object key) of parsed JSON `value` that
+    is not valid Unicode text."""
+    if isinstance(value, str):
+        try:
+            check_text(value, where)
+        except ValueError as exc:
+            raise BridgeError(INVALID_PARAMS, str(exc)) from None
+    elif isinstance(value, dict):
+        for key, member in value.items():
+            check_text_members(key, f"{where}: a key")
+            check_text_members(member, f"{where}[{key!r}]")
+    elif isinstance(value, list):
+        for index, member in enumerate(value):
+            check_text_members(member, f"{where}[{index}]")
+
+
 def check_params(method: str, params: Any) -> dict[str, Any]:
-    """`params` when they match the method's schema; else an INVALID_PARAMS error naming why."""
+    """`params` when they match the method's schema and hold only text; else an INVALID_PARAMS
+    error naming why."""
+    check_text_members(params)
     problems = _problems(method, params)
     if problems:
         first = problems[0]

@@ -17,7 +17,7 @@ import mailbox
 import os
 import re
 from collections.abc import Iterable, Iterator, Mapping
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from email.message import EmailMessage
 from pathlib import Path
 from typing import Any, cast
@@ -64,7 +64,7 @@ def record_from_mapping(
     if chosen_kind is None:
         raise InvalidRecord("item has no 'kind'; pass kind= (e.g. 'note') for the whole file")
     if isinstance(when, (int, float)) and not isinstance(when, bool) and when > 9999:
-        when = datetime.fromtimestamp(when, tz=timezone.utc)  # a Unix timestamp
+        when = datetime.fromtimestamp(when, tz=UTC)  # a Unix timestamp
     record_id = item.get("id")
     return make_record(
         kind=chosen_kind,
@@ -150,7 +150,7 @@ def note_record(path: Path, root: Path, *, kind: str = "note") -> Record:
             body = "\n".join(lines[number + 1 :]).strip()
         break
     relative = path.relative_to(root).as_posix()
-    modified = datetime.fromtimestamp(path.stat().st_mtime, tz=timezone.utc)
+    modified = datetime.fromtimestamp(path.stat().st_mtime, tz=UTC)
     return make_record(
         kind=kind,
         id=f"{kind}:{relative}",

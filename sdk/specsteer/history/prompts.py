@@ -25,6 +25,7 @@ from specsteer.history.clean import own_words
 from specsteer.history.length import LengthPolicy, length_policy
 from specsteer.history.records import Hit, Record
 from specsteer.history.shared import LAMP7_INSTRUCTION
+from specsteer.tokenizer import check_text
 
 if TYPE_CHECKING:
     from specsteer.history.store import HistoryStore
@@ -361,7 +362,7 @@ def _query_fields(task: Task, query: Mapping[str, object] | str) -> dict[str, st
     for key, value in query.items():
         name = task.aliases.get(key, key)
         if name in task.fields and value is not None and name not in fields:
-            fields[name] = str(value)
+            fields[name] = check_text(str(value), f"query[{key!r}]")
     if not fields.get(task.fields[0], "").strip():
         raise InvalidQuery(
             f"the {task.name} task needs a non-empty {task.fields[0]!r} in its query "

@@ -12,10 +12,11 @@ import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import date, datetime, timezone
+from datetime import UTC, date, datetime
 from typing import Any
 
 from specsteer.errors import InvalidRecord
+from specsteer.tokenizer import check_text
 
 # Kinds are short names an app chooses ("note", "email", "paper", ...); keep them filter-friendly.
 _KIND = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,63}$")
@@ -95,7 +96,7 @@ def normalize_time(value: str | int | date | datetime | None) -> str | None:
     else:
         raise InvalidRecord(f"created_at must be a string or date, got {type(value).__name__}")
     if moment.tzinfo is not None:
-        moment = moment.astimezone(timezone.utc).replace(tzinfo=None)
+        moment = moment.astimezone(UTC).replace(tzinfo=None)
     return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
@@ -122,8 +123,10 @@ def make_record(
             "(e.g. 'note', 'email')"
         )
     for name, value in (("title", title), ("body", body), ("source", source)):
-        if not isinstance(value, str):
-            raise InvalidRecord(f"{name} must be a string, got {type(value).__name__}")
+        try:
+            check_text(value, name)
+        except ValueError as exc:
+            raise InvalidRecord(str(exc)) from None
     if not title.strip() and not body.strip():
         raise InvalidRecord("a record needs a title or a body")
     if meta is None:
@@ -132,13 +135,19 @@ def make_record(
         raise InvalidRecord(f"meta must be a JSON object, got {type(meta).__name__}")
     try:
         meta_dict = json.loads(json.dumps(dict(meta), ensure_ascii=False))
+        check_text(json.dumps(meta_dict, ensure_ascii=False), "meta")
     except (TypeError, ValueError) as exc:
-        raise InvalidRecord(f"meta must be JSON-serialisable: {exc}") from exc
+        raise InvalidRecord(f"meta must be JSON-serialisable text: {exc}") from exc
     when = normalize_time(created_at)
     if id is None:
         id = stable_id(kind, title, body, when)
     elif not isinstance(id, str) or not id.strip():
         raise InvalidRecord(f"id must be a non-empty string, got {id!r}")
+    else:
+        try:
+            check_text(id, "id")
+        except ValueError as exc:
+            raise InvalidRecord(str(exc)) from None
     return Record(
         id=id, kind=kind, title=title, body=body, created_at=when, meta=meta_dict, source=source
     )

@@ -402,11 +402,21 @@ class CompanionConnection(_Connection):
 
     def receive_frame(self, data: bytes) -> list[Event]:
         """Handle one frame from the device; never raises (see the class docstring)."""
-        self._count_received(data)
+        return self._receive(len(data), lambda: decode(data, self.limits))
+
+    def receive_message(self, message: Message, size: int) -> list[Event]:
+        """Handle a message an adapter already decoded, with this connection's `limits`, from
+        a frame of `size` bytes (a server's admission gate decodes each frame once); never
+        raises."""
+        return self._receive(size, lambda: message)
+
+    def _receive(self, size: int, message: Callable[[], Message]) -> list[Event]:
+        self.bytes_received += size
+        self.frames_received += 1
         if self.state is State.CLOSED:
             return []
         try:
-            return self._handle(decode(data, self.limits))
+            return self._handle(message())
         except ProtocolError as exc:
             code, text = exc.code, str(exc)
         except Exception as exc:  # a bug here must not take the server loop down
