@@ -1,8 +1,9 @@
 """Compile a fetched GGUF into an ONNX Runtime GenAI folder (build time only).
 
 GGUF → dequantized Hugging Face folder (transformers' GGUF loader) → onnxruntime-genai's model
-builder at int4/int8/fp32 → tokenizer.json + `specsteer.json` manifest (`w8a8`: the int8
-folder with its linear layers rewritten by `specsteer.models.w8a8`). Each heavy step runs in
+builder at int4/int8/fp32 → the output layer on the rows a pass asks for
+(`specsteer.models.logits_rows`) → tokenizer.json + `specsteer.json` manifest (`w8a8`: the
+int8 folder with its linear layers rewritten by `specsteer.models.w8a8`). Each heavy step runs in
 its own subprocess so its memory is returned before the next one starts, and the result is
 built in a temporary folder and renamed into place, so a half-built model is never used.
 torch/transformers are needed here only, never on the device at run time. Nothing touches a hub.
@@ -23,7 +24,8 @@ from pathlib import Path
 
 from specsteer.errors import ModelError, ModelNotFetched
 from specsteer.models.fetch import verify
-from specsteer.models.manifest import write_manifest
+from specsteer.models.logits_rows import upgrade_folder
+from specsteer.models.manifest import read_manifest, write_manifest
 from specsteer.models.registry import PRECISIONS, ModelSpec, compiled_dir, get_spec, gguf_path
 
 _OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
@@ -109,6 +111,8 @@ def compile_model(
     say = progress or (lambda _msg: None)
     dest = compiled_dir(spec, precision)
     if dest.exists() and not force:
+        if add_logits_rows(dest):
+            say(f"{spec.name} {precision}: added the last-rows output layer to {dest}")
         say(f"{spec.name} {precision}: already compiled at {dest}")
         return dest
     gguf = gguf_path(spec)
@@ -141,6 +145,7 @@ def compile_model(
                       log, "onnxruntime-genai model builder")
             if not (out / "tokenizer.json").exists():
                 shutil.copy2(hf_dir / "tokenizer.json", out / "tokenizer.json")
+        upgrade_folder(out)
         _write_manifest(spec, precision, out, time.monotonic() - started)
         install_folder(out, dest)
     finally:
@@ -154,6 +159,17 @@ def _rewrite_w8a8(spec: ModelSpec, source: Path, out: Path, log: Path, say) -> N
     say(f"{spec.name}: rewriting the int8 model's linear layers to w8a8 (log: {log})")
     _run_step([sys.executable, "-m", "specsteer.models.w8a8", str(source), str(out)], log,
               "w8a8 rewrite")
+
+
+def add_logits_rows(folder: Path) -> bool:
+    """Give a folder compiled before `models.logits_rows` existed its `logits_to_keep` input
+    (the graph file only, in seconds) and a new manifest; False when it has it already."""
+    manifest = read_manifest(folder)
+    if not upgrade_folder(folder):
+        return False
+    derived = {"manifest_version", "vocab_size", "context_length", "files", "artifact_sha256"}
+    write_manifest(folder, **{k: v for k, v in manifest.items() if k not in derived})
+    return True
 
 
 def install_folder(out: Path, dest: Path) -> None:

@@ -19,10 +19,11 @@ from pathlib import Path
 
 from specsteer.errors import ModelError
 from specsteer.models.compile import install_folder
+from specsteer.models.logits_rows import upgrade_folder
 from specsteer.models.manifest import write_manifest
 from specsteer.models.registry import home
 
-RECIPE_VERSION = 1
+RECIPE_VERSION = 2  # 2: the graph takes logits_to_keep (models.logits_rows)
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 _CORPUS = """\
 Dear team, thank you for the meeting notes. I will send the revised draft of the report by
@@ -153,6 +154,7 @@ def build_tiny_model(dest: Path, recipe: dict) -> Path:
         if result.returncode != 0:
             raise ModelError(f"building the tiny model failed:\n{result.stderr[-1500:]}")
         shutil.copy2(hf_dir / "tokenizer.json", out / "tokenizer.json")
+        upgrade_folder(out)
         write_manifest(
             out,
             name=f"tiny-{recipe['arch']}-s{recipe['seed']}",
