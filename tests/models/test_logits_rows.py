@@ -22,11 +22,12 @@ HIDDEN, VOCAB = 8, 11
 
 
 def _decoder_tail(softcap: bool) -> onnx.ModelProto:
-    """hidden [1, S, 8] -> norm-like Mul -> output layer MatMul (-> Gemma's soft-cap) -> logits."""
+    """hidden [1, S, 8] -> final norm -> output layer MatMul (-> Gemma's soft-cap) -> logits."""
     rng = np.random.default_rng(0)
     inits = [numpy_helper.from_array(rng.normal(size=(HIDDEN, VOCAB)).astype(np.float32), "W"),
-             numpy_helper.from_array(np.array(2.0, np.float32), "two")]
-    nodes = [helper.make_node("Mul", ["hidden", "two"], ["normed"]),
+             numpy_helper.from_array(np.array(2.0, np.float32), "two"),
+             numpy_helper.from_array(np.ones(HIDDEN, np.float32), "gamma")]
+    nodes = [helper.make_node("LayerNormalization", ["hidden", "gamma"], ["normed"]),
              helper.make_node("MatMul", ["normed", "W"], ["raw" if softcap else "logits"])]
     if softcap:
         nodes += [helper.make_node("Div", ["raw", "two"], ["d"]),
@@ -63,10 +64,11 @@ def test_the_last_rows_equal_the_full_pass_s(softcap):
         np.testing.assert_array_equal(out, before[:, 6 - rows:])
 
 
-def test_a_graph_without_an_output_layer_is_refused():
+def test_a_graph_without_a_final_norm_is_refused():
     model = _decoder_tail(False)
-    model.graph.node[1].op_type = "Add"  # logits no longer come from a matrix multiply
-    with pytest.raises(ValueError, match="no MatMul/MatMulNBits computes 'logits'"):
+    model.graph.node[0].op_type = "Relu"  # no normalization before the output layer
+    del model.graph.node[0].input[1:]
+    with pytest.raises(ValueError, match="no normalization before the layer that computes"):
         add_logits_to_keep(model)
 
 
@@ -75,7 +77,7 @@ def _strip(folder) -> None:
     path = folder / "model.onnx"
     model = onnx.load(str(path), load_external_data=False)
     graph = model.graph
-    sliced = next(n for n in graph.node if n.op_type == "Slice" and n.name.startswith("/logits"))
+    sliced = next(n for n in graph.node if n.name == "/logits_rows/Slice")
     for node in graph.node:
         node.input[:] = [sliced.input[0] if name == sliced.output[0] else name
                          for name in node.input]
@@ -118,3 +120,29 @@ def test_an_older_folder_is_upgraded_in_place(tmp_path):
     assert new.keeps_rows
     np.testing.assert_array_equal(new.new_session().append(ids, rows=1)[0], expected[-1])
     np.testing.assert_allclose(load_model(folder).new_session().append(ids), expected, atol=1e-5)
+
+
+def test_w8a8_keeps_the_slice_and_an_older_w8a8_folder_takes_it(tmp_path):
+    """The w8a8 rewrite quantizes the sliced rows (its own quantize nodes read the slice);
+    a w8a8 folder rewritten before the slice existed gets it in front of those nodes."""
+    from specsteer.models.w8a8 import rewrite_folder
+
+    source = tiny_model_dir("llama", seed=0)
+    ids = list(range(5, 70))
+    for name, strip in (("new", False), ("old", True)):
+        int8 = tmp_path / f"{name}-source"
+        shutil.copytree(source, int8)
+        if strip:
+            _strip(int8)
+        folder = tmp_path / name
+        rewrite_folder(int8, folder)
+        write_manifest(folder, name="tiny-w8a8", precision="w8a8", chat_template="chatml")
+        if strip:
+            assert not load_device_model(folder, threads=1).keeps_rows
+            assert add_logits_rows(folder)
+        model = load_device_model(folder, threads=1)
+        assert model.keeps_rows
+        full = model.new_session().append(ids)
+        session = model.new_session()
+        np.testing.assert_array_equal(session.append(ids, rows=1)[0], full[-1])
+        assert session._binding.get_outputs()[0].shape() == [1, 1, model.vocab_size]

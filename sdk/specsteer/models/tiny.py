@@ -23,7 +23,7 @@ from specsteer.models.logits_rows import upgrade_folder
 from specsteer.models.manifest import write_manifest
 from specsteer.models.registry import home
 
-RECIPE_VERSION = 2  # 2: the graph takes logits_to_keep (models.logits_rows)
+RECIPE_VERSION = 1
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 _CORPUS = """\
 Dear team, thank you for the meeting notes. I will send the revised draft of the report by
@@ -49,6 +49,7 @@ def _recipe(arch: str, seed: int, vocab: int) -> dict:
         "heads": 4,
         "kv_heads": 2,
         "intermediate": 128,
+        "logits_to_keep": True,  # the graph's output layer on the rows asked for (logits_rows)
     }
 
 
