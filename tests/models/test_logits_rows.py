@@ -93,7 +93,8 @@ def _strip(folder) -> None:
     graph.input.extend(inputs)
     onnx.save(model, str(path))
     manifest = read_manifest(folder)
-    derived = {"manifest_version", "vocab_size", "context_length", "files", "artifact_sha256"}
+    derived = {"manifest_version", "vocab_size", "context_length", "files", "artifact_sha256",
+               "prefill_macs_per_token"}
     write_manifest(folder, **{k: v for k, v in manifest.items() if k not in derived})
 
 

@@ -79,6 +79,40 @@ def add_logits_to_keep(model, logits: str = "logits") -> bool:
     return True
 
 
+def linear_macs(model, vocab_size: int) -> tuple[int, int]:
+    """(multiply-adds per token of every linear layer but the output layer, the output
+    layer's), from the graph's weight shapes: MatMulNBits' K x N, or a constant weight's of
+    MatMul / MatMulInteger / MatMulIntegerToFloat (w8a8); the output layer is the one whose
+    width is the vocabulary."""
+    from onnx import helper
+
+    shapes = {i.name: list(i.dims) for i in model.graph.initializer}
+    body = head = 0
+    for node in model.graph.node:
+        if node.op_type == "MatMulNBits":
+            attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+            k, n = attrs["K"], attrs["N"]
+        elif node.op_type in ("MatMul", "MatMulInteger", "MatMulIntegerToFloat") \
+                and len(shape := shapes.get(node.input[1], [])) == 2:
+            k, n = shape
+        else:
+            continue
+        if n == vocab_size:
+            head += k * n
+        else:
+            body += k * n
+    return body, head
+
+
+def prefill_macs(folder: Path, vocab_size: int) -> int:
+    """Multiply-adds per prompt token of a prefill that computes its last row only (every
+    linear layer but the output layer; attention over the prefix is on top)."""
+    import onnx
+
+    return linear_macs(onnx.load(str(folder / "model.onnx"), load_external_data=False),
+                       vocab_size)[0]
+
+
 def upgrade_folder(folder: Path) -> bool:
     """Add `logits_to_keep` to a compiled folder's graph (weights untouched); False when it
     has it already. The caller rewrites the manifest (the artifact hash changes)."""

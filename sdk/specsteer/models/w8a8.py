@@ -83,7 +83,6 @@ def _nbits_weight(node, arrays: dict[str, np.ndarray]) -> np.ndarray:
 def rewrite(model) -> int:
     """Rewrite `model` (an onnx.ModelProto with its weights loaded) in place; return how many
     linear layers were rewritten. MatMul nodes count only when their weight is a constant."""
-    import onnx
     from onnx import helper, numpy_helper
 
     graph = model.graph
