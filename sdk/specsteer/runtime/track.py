@@ -29,9 +29,12 @@ from specsteer.runtime.base import CancellableSession, LanguageModel, Session
 
 PREFILL_CHUNK = 128  # tokens per prefill pass (unpaced), and the most a paced pass runs
 # tokens per pass of a prefill that a cancel stops mid-pass (`CancellableSession`): a
-# terminate is checked between graph nodes, and the output layer is one node computing every
-# position's logits (Qwen2.5-0.5B: 128 x 151,936 x 896 = 17 G multiply-adds, 0.16-0.23 s on
-# one core here), so its size bounds a cancel; 64-token passes cost ~3 % of the throughput
+# terminate is checked between graph nodes, so the longest node bounds a cancel. That was the
+# output layer over every position (Qwen2.5-0.5B: 128 x 151,936 x 896 = 17 G multiply-adds,
+# 0.16-0.23 s on one core); a prefill pass now computes it for its last row alone, and larger
+# passes gain little (w8a8, one core, per CPU second: 205 tokens/s at 64, 210 at 128, 222 at
+# 256; docs/BENCHMARKS.md "Prefill at the limit"), so the passes stay 64 tokens, the same
+# float rounding as before
 STOPPABLE_CHUNK = 64
 PACED_CHUNK_S = 0.1  # seconds a paced pass aims at: a cancel may take 200 ms in all
 # tokens of a paced pass before any rate is known, and the fewest it runs: small passes cost
