@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import threading
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -42,8 +41,8 @@ import numpy as np
 import onnxruntime as ort
 
 from specsteer.errors import CorruptModelError, ModelError, SessionError
-from specsteer.runtime.folder import check_ids, check_rewind, resolve_folder
-from specsteer.runtime.ort_graph import OrtGraphModel
+from specsteer.runtime.folder import check_ids, resolve_folder
+from specsteer.runtime.ort_graph import CachedSession, OrtGraphModel
 
 QUERY_SEQLENS = "query_seqlens"
 _QUERY_SEQLENS_SLOT = 16  # GroupQueryAttention's optional input: valid new tokens per row
@@ -90,19 +89,13 @@ def _batchable_graph(path: Path) -> bytes:
     return model.SerializeToString()
 
 
-class BatchedSession:
+class BatchedSession(CachedSession):
     """One sequence whose KV cache is a numpy array [layers, 2 (key, value), heads, cap, head]."""
 
     def __init__(self, model: BatchedModel, max_length: int) -> None:
+        super().__init__(max_length)
         self._model = model
-        self.max_length = max_length
-        self._length = 0
         self._kv: np.ndarray | None = model._empty_cache(0)
-        self._lock = threading.Lock()  # held while a pass reads or writes this cache
-
-    @property
-    def length(self) -> int:
-        return self._length
 
     @property
     def closed(self) -> bool:
@@ -122,11 +115,6 @@ class BatchedSession:
     def append(self, ids: Sequence[int]) -> np.ndarray:
         """Append ids; [len(ids), vocab] float32 logits (a batch of one)."""
         return self._model.append_batch([(self, ids)])[0]
-
-    def rewind(self, length: int) -> None:
-        with self._lock:
-            check_rewind(length, self._length)
-            self._length = length
 
     def close(self) -> None:
         with self._lock:  # waits for a pass that holds this session

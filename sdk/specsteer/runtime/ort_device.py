@@ -25,9 +25,9 @@ import onnxruntime as ort
 
 from specsteer.errors import SessionError
 from specsteer.models.logits_rows import LOGITS_TO_KEEP
-from specsteer.runtime.folder import check_ids, check_rewind, resolve_folder
+from specsteer.runtime.folder import check_ids, resolve_folder
 from specsteer.runtime.onnx import resolve_threads
-from specsteer.runtime.ort_graph import OrtGraphModel, terminated_by
+from specsteer.runtime.ort_graph import CachedSession, OrtGraphModel, terminated_by
 
 _MIN_CAPACITY = 256  # positions of a new session's cache; it doubles as it fills
 
@@ -36,23 +36,17 @@ def _value(array: np.ndarray) -> ort.OrtValue:
     return ort.OrtValue.ortvalue_from_numpy(array)
 
 
-class DeviceSession:
+class DeviceSession(CachedSession):
     """One sequence whose KV cache lives in bound `OrtValue`s [1, kv_heads, capacity, head]."""
 
     def __init__(self, model: DeviceModel, max_length: int) -> None:
+        super().__init__(max_length)
         self._model = model
-        self.max_length = max_length
-        self._length = 0
         self._cache: list[tuple[np.ndarray, np.ndarray]] | None = []
         self._values: list[ort.OrtValue] = []  # the cache's OrtValues, bound while they live
         self._binding = model._ort.io_binding()
         self._binding.bind_output(model._logits)  # output 0: rebound by every pass
-        self._lock = threading.Lock()  # held while a pass reads or writes this cache
         self._grow(min(_MIN_CAPACITY, max_length))
-
-    @property
-    def length(self) -> int:
-        return self._length
 
     @property
     def closed(self) -> bool:
@@ -84,11 +78,6 @@ class DeviceSession:
                 logits = self._model._run(self._binding, tokens, self._length, keep, options)
             self._length += tokens.size
             return logits
-
-    def rewind(self, length: int) -> None:
-        with self._lock:
-            check_rewind(length, self._length)
-            self._length = length
 
     def close(self) -> None:
         with self._lock:  # waits for a pass that holds this session

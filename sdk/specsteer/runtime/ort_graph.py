@@ -19,7 +19,7 @@ import onnxruntime as ort
 
 from specsteer.errors import GenerationCancelled
 from specsteer.models.logits_rows import LOGITS_TO_KEEP
-from specsteer.runtime.folder import FolderModel
+from specsteer.runtime.folder import FolderModel, check_rewind
 
 _DTYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16}
 _CANCEL_POLL_S = 0.005  # how often a pass that can be cancelled looks at its events
@@ -77,6 +77,25 @@ class OrtGraphModel(FolderModel):
     def _graph(self, path: Path) -> str | bytes:
         """What the session loads: the folder's graph file (a subclass may rewrite it)."""
         return str(path)
+
+
+class CachedSession:
+    """What a raw runtime's session is besides its cache: a length a lock guards (held while a
+    pass reads or writes the cache), and a rewind that is an index move."""
+
+    def __init__(self, max_length: int) -> None:
+        self.max_length = max_length
+        self._length = 0
+        self._lock = threading.Lock()
+
+    @property
+    def length(self) -> int:
+        return self._length
+
+    def rewind(self, length: int) -> None:
+        with self._lock:
+            check_rewind(length, self._length)
+            self._length = length
 
 
 @contextlib.contextmanager
