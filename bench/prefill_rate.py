@@ -42,6 +42,7 @@ from rich.table import Table
 
 from specsteer.client import Client
 from specsteer.history import HistoryStore, load_shared_user
+from specsteer.models.logits_rows import linear_macs
 from specsteer.models.registry import compiled_dir, get_spec
 from specsteer.runtime import load_device_model, load_model
 from specsteer_lab.eval.data import shared_file
@@ -53,27 +54,12 @@ LAYER = (128, 896, 4864)  # M x K x N of Qwen2.5-0.5B's gate projection over 128
 
 def graph_macs(folder: Path) -> tuple[float, float, int, int]:
     """(multiply-adds per token of every linear layer but the output layer, the output
-    layer's, layers, hidden size), read from the compiled graph's weight shapes (the output
-    layer: the one whose width is the vocabulary)."""
+    layer's, layers, hidden size) of a compiled folder (`logits_rows.linear_macs`)."""
     import onnx
 
-    model = onnx.load(str(folder / "model.onnx"), load_external_data=False)
-    shapes = {i.name: list(i.dims) for i in model.graph.initializer}
     config = json.loads((folder / "genai_config.json").read_text())["model"]
-    body = head = 0.0
-    for node in model.graph.node:
-        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
-        if node.op_type == "MatMulNBits":
-            k, n = attrs["K"], attrs["N"]
-        elif node.op_type in ("MatMul", "MatMulInteger") \
-                and len(shape := shapes.get(node.input[1], [])) == 2:
-            k, n = shape
-        else:
-            continue
-        if n == config["vocab_size"]:
-            head += k * n
-        else:
-            body += k * n
+    graph = onnx.load(str(folder / "model.onnx"), load_external_data=False)
+    body, head = linear_macs(graph, int(config["vocab_size"]))
     decoder = config["decoder"]
     return body, head, int(decoder["num_hidden_layers"]), int(decoder["hidden_size"])
 
