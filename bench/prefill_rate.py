@@ -44,7 +44,7 @@ from specsteer.client import Client
 from specsteer.history import HistoryStore, load_shared_user
 from specsteer.models.logits_rows import linear_macs
 from specsteer.models.registry import compiled_dir, get_spec
-from specsteer.runtime import load_device_model, load_model
+from specsteer.runtime import DeviceModel, load_device_model, load_model
 from specsteer_lab.eval.data import shared_file
 
 HERE = Path(__file__).resolve().parent
@@ -187,6 +187,33 @@ def kernel_rates(threads: int, repeats: int = 20) -> dict[str, float]:
     return out
 
 
+class ProfiledDeviceModel(DeviceModel):
+    """The device's runtime with ONNX Runtime's profiler on: time per operator type."""
+
+    def _options(self):
+        options = super()._options()
+        options.enable_profiling = True
+        options.profile_file_prefix = str(Path(tempfile.gettempdir()) / "specsteer-prefill")
+        return options
+
+
+def op_shares(folder: Path, ids: list[int], chunk: int, threads: int) -> dict[str, float]:
+    """Share of the kernels' time per operator type in a last-row prefill of `ids`."""
+    model = ProfiledDeviceModel(folder, threads=threads)
+    session = model.new_session(max_length=len(ids) + 8)
+    for at in range(0, len(ids), chunk):
+        session.append(ids[at: at + chunk], rows=1)
+    trace = Path(model._ort.end_profiling())
+    times: dict[str, float] = {}
+    for event in json.loads(trace.read_text()):
+        if event.get("cat") == "Node" and event["name"].endswith("_kernel_time"):
+            op = event["args"]["op_name"]
+            times[op] = times.get(op, 0.0) + event["dur"]
+    trace.unlink()
+    total = sum(times.values())
+    return {op: t / total for op, t in sorted(times.items(), key=lambda kv: -kv[1])}
+
+
 def _pin(threads: int) -> None:
     if hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, set(range(threads)))
@@ -200,6 +227,8 @@ def main() -> None:
     ap.add_argument("--chunks", type=int, nargs="+", default=[64, 128],
                     help="tokens per prefill pass of the device's runtime")
     ap.add_argument("--no-genai", action="store_true", help="skip ONNX Runtime GenAI")
+    ap.add_argument("--profile", action="store_true",
+                    help="also the share of time per operator type (first chunk size)")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--data", type=Path)
     ap.add_argument("--json", type=Path)
@@ -216,6 +245,7 @@ def main() -> None:
     rows: list[dict] = []
     peaks: dict[int, list[dict[str, float]]] = {}
     kernels: dict[int, dict[str, float]] = {}
+    profiles: dict[str, dict[str, float]] = {}
     with tempfile.TemporaryDirectory() as work:
         binary = build_mac_peak(Path(work))
         ids: list[int] | None = None
@@ -238,6 +268,12 @@ def main() -> None:
                 if not args.no_genai:
                     configs.append(("GenAI, 128-token passes",
                                     load_model(folder, threads=threads), 128, None))
+                if args.profile:
+                    shares = op_shares(folder, ids, args.chunks[0], threads)
+                    profiles[f"{precision}, {threads} threads"] = shares
+                    console.print(f"{precision}, {threads} threads, time per operator: "
+                                  + ", ".join(f"{op} {100 * v:.1f} %"
+                                              for op, v in shares.items() if v >= 0.005))
                 for name, model, chunk, last_row in configs:
                     measured = rates(model, ids, chunk, last_row, args.repeats)
                     passes = -(-len(ids) // chunk)
@@ -248,7 +284,7 @@ def main() -> None:
                                      gmac_s_cpu=measured["tok_s_cpu"] * per_token / 1e9))
                     console.print(rows[-1])
             peaks[threads].append(mac_peak(binary, threads))
-    _report(console, rows, peaks, kernels, args)
+    _report(console, rows, peaks, kernels, args, profiles)
 
 
 def _pair(wall: float, cpu: float, fmt: str = ".1f") -> str:
@@ -257,7 +293,8 @@ def _pair(wall: float, cpu: float, fmt: str = ".1f") -> str:
 
 
 def _report(console: Console, rows: list[dict], peaks: dict[int, list[dict[str, float]]],
-            kernels: dict[int, dict[str, float]], args: argparse.Namespace) -> None:
+            kernels: dict[int, dict[str, float]], args: argparse.Namespace,
+            profiles: dict[str, dict[str, float]]) -> None:
     kinds = ("vnni", "fma", "vnni_cpu", "fma_cpu")
     limit = {t: {k: max(p.get(k, 0.0) for p in runs) for k in kinds} for t, runs in peaks.items()}
     table = Table(title=f"{args.specialist} prefill, {rows[0]['tokens'] if rows else 0}-token "
@@ -292,8 +329,8 @@ def _report(console: Console, rows: list[dict], peaks: dict[int, list[dict[str, 
                       + "; one linear layer 128x896x4864 per CPU second: "
                       + ", ".join(f"{k} {v:.0f}" for k, v in kernels[threads].items()))
     if args.json:
-        args.json.write_text(json.dumps({"rows": rows, "limit": peaks, "kernels": kernels},
-                                        indent=1))
+        args.json.write_text(json.dumps({"rows": rows, "limit": peaks, "kernels": kernels,
+                                         "profiles": profiles}, indent=1))
 
 
 if __name__ == "__main__":

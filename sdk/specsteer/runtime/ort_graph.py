@@ -33,13 +33,7 @@ class OrtGraphModel(FolderModel):
         info = self.info
         self.threads = threads
         decoder = info.genai["decoder"]
-        options = ort.SessionOptions()
-        options.intra_op_num_threads = threads
-        options.inter_op_num_threads = 1
-        options.log_severity_level = 3
-        options.add_session_config_entry(
-            "session.model_external_initializers_file_folder_path", str(self.folder)
-        )
+        options = self._options()
         path = self.folder / decoder.get("filename", "model.onnx")
         try:
             self._ort = ort.InferenceSession(self._graph(path), options,
@@ -73,6 +67,17 @@ class OrtGraphModel(FolderModel):
         self._pad_id = int(info.genai.get("pad_token_id", 0) or 0)
         if not 0 <= self._pad_id < self.vocab_size:
             self._pad_id = 0
+
+    def _options(self) -> ort.SessionOptions:
+        """The session's options: its threads, quiet logs, the folder's external weights."""
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = self.threads
+        options.inter_op_num_threads = 1
+        options.log_severity_level = 3
+        options.add_session_config_entry(
+            "session.model_external_initializers_file_folder_path", str(self.folder)
+        )
+        return options
 
     def _graph(self, path: Path) -> str | bytes:
         """What the session loads: the folder's graph file (a subclass may rewrite it)."""
