@@ -26,7 +26,7 @@ from specsteer.models.fetch import source_sha256
 from specsteer.models.manifest import check_files, read_manifest
 from specsteer.models.source import SUPPORTED, inspect
 from specsteer.models.tiny import tiny_hf_folder
-from specsteer.runtime import load_device_model
+from specsteer.runtime import load_device_model, ort_device
 from specsteer.tokenizer import Message
 
 REPO = Path(__file__).resolve().parents[2]
@@ -124,7 +124,7 @@ def _with_template(folder: Path, dest: Path) -> Path:
 @pytest.mark.slow
 @pytest.mark.parametrize("arch", ["mistral", "qwen3", "phi3", "gemma2", "gemma3"])
 def test_each_supported_architecture_is_added_and_runs_as_transformers_does(home, tmp_path,
-                                                                            arch):
+                                                                            monkeypatch, arch):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -139,12 +139,19 @@ def test_each_supported_architecture_is_added_and_runs_as_transformers_does(home
     assert registry.get_spec(f"tiny-{arch}").source == str(folder)
 
     model = load_device_model(f"tiny-{arch}", threads=1)  # by name, like a registry model
-    ids = list(range(5, 45))
+    ids = list(range(5, 165))  # past the gemma models' 64-token sliding window
     with torch.no_grad():
         reference = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)(
             torch.tensor([ids])).logits[0].numpy()
     got = model.new_session().append(ids)
     np.testing.assert_allclose(got, reference, atol=5e-3, rtol=1e-3)  # float32 order
+    if model.info.sliding_window:  # a cache is never smaller than the window, grown or not
+        monkeypatch.setattr(ort_device, "_MIN_CAPACITY", model.info.sliding_window // 2)
+        session = model.new_session()
+        assert session.capacity == model.info.sliding_window
+        for at in range(0, len(ids), 50):
+            np.testing.assert_allclose(session.append(ids[at: at + 50]), reference[at: at + 50],
+                                       atol=5e-3, rtol=1e-3)
     chat = [Message("system", "Be brief."), Message("user", "Hello"),
             Message("assistant", "Hi."), Message("user", "Write a note.")]
     expected = AutoTokenizer.from_pretrained(folder).apply_chat_template(

@@ -49,6 +49,13 @@ class ModelSpec:
     default_precision: str
     # an added model's own GGUF file or Hugging Face folder (absolute); "" for the registry's
     source: str = ""
+    # the precision a device runs it at when none is asked for ("": default_precision)
+    device_precision: str = ""
+
+    @property
+    def device_default(self) -> str:
+        """The precision `load_device_model` (a Client given the name) runs it at."""
+        return self.device_precision or self.default_precision
 
 
 def registry() -> dict[str, ModelSpec]:
@@ -73,6 +80,7 @@ def packaged() -> dict[str, ModelSpec]:
             sha256=entry["sha256"],
             vocab_size=entry["vocab_size"],
             default_precision=entry["default_precision"],
+            device_precision=entry.get("device_precision", ""),
         )
         for name, entry in raw.items()
     }

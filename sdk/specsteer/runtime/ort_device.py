@@ -46,7 +46,7 @@ class DeviceSession(CachedSession):
         self._values: list[ort.OrtValue] = []  # the cache's OrtValues, bound while they live
         self._binding = model._ort.io_binding()
         self._binding.bind_output(model._logits)  # output 0: rebound by every pass
-        self._grow(min(_MIN_CAPACITY, max_length))
+        self._grow(0)
 
     @property
     def closed(self) -> bool:
@@ -87,9 +87,10 @@ class DeviceSession(CachedSession):
 
     def _grow(self, needed: int) -> None:
         """A cache that holds `needed` positions (doubling, at most max_length), the held
-        positions copied over and bound as every layer's past and present."""
+        positions copied over and bound as every layer's past and present. Never smaller than
+        a sliding window: GroupQueryAttention refuses a cache shorter than its local window."""
         assert self._cache is not None
-        capacity = max(self.capacity, _MIN_CAPACITY)
+        capacity = max(self.capacity, _MIN_CAPACITY, self._model.info.sliding_window)
         while capacity < needed:
             capacity *= 2
         grown = [self._model._empty_cache(min(capacity, self.max_length)) for _ in range(2)
@@ -154,7 +155,9 @@ def load_device_model(
 ) -> DeviceModel:
     """The Specialist as a device runs it (see the module docstring).
 
+    precision: of a registry name; None = the precision a device runs it at by default
+    (`ModelSpec.device_default`: w8a8 for the registry's Specialist, docs/models.md).
     threads: intra-op threads; None = every core this process may use.
     """
-    return DeviceModel(resolve_folder(name_or_folder, precision),
+    return DeviceModel(resolve_folder(name_or_folder, precision, device=True),
                        threads=resolve_threads(threads), verify=verify)
