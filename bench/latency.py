@@ -2,12 +2,17 @@
 
 Device (this process, core 0) and companion (`specsteer-companion serve` child, core 1) talk
 through `DelayProxy`, a loopback TCP proxy that holds every chunk for half the emulated round
-trip in each direction. Per user of the newsgroups email task and per round trip, one run each:
-  * SpecSteer cold (warm_start off), SpecSteer warm start (the default), SpecSteer after
+trip in each direction. Per user of the newsgroups email task (or the persona of
+`sample_apps/data` writing the demo's letter, `--persona`) and per round trip, one run each:
+  * SpecSteer with the Client's default settings (what an app gets without `prepare`);
+  * SpecSteer cold (warm_start off: the private prefill beside the companion's session
+    opening), SpecSteer warm start (always: `warm_start_min_s` 0), SpecSteer after
     `Client.prepare` (TTFT counted from the final request, prefill done while "typing");
   * the Generalist alone (the LLM baseline over the same socket path: the cloud model alone);
   * SLM+RAG (device only; the same at every round trip, run once per user).
 Ratios are against the Generalist alone of the same user and round trip, from this run.
+"opens as G": the text's first 8 tokens are the Generalist alone's (a warm start's opening is
+the Generalist's own, written from the public request); ROUGE-L against what the user wrote.
 Also: prefill tokens/s of the Specialist per thread count (and the implied multiply-add rate),
 and how long a cancel takes to stop the generation: during the prefill (no companion), and
 during the rounds of a prepared generation (cancels at spread-out moments, per round trip).
@@ -15,9 +20,9 @@ during the rounds of a prepared generation (cancels at spread-out moments, per r
 typing), then TTFT from the final request: its private prefill and its companion session
 (hello, the companion's prefill of the public prompt) are done ahead.
 
-    flock /tmp/specsteer-heavy.lock python bench/latency.py --users 2 --rtt 0 50 150
-    flock /tmp/specsteer-heavy.lock python bench/latency.py --users 2 --rtt 50 --threads 2
-    flock /tmp/specsteer-heavy.lock python bench/latency.py --users 2 --rtt 50 --runtime genai
+    flock /tmp/specsteer-heavy.lock python bench/latency.py --users 4 --rtt 50 --threads 1
+    flock /tmp/specsteer-heavy.lock python bench/latency.py --users 4 --rtt 50 --threads 2
+    flock /tmp/specsteer-heavy.lock python bench/latency.py --persona --rtt 0 --max-new-tokens 96
 """
 
 from __future__ import annotations
@@ -43,9 +48,9 @@ from specsteer.runtime import load_device_model, load_model
 from specsteer.runtime.track import Track
 from specsteer_companion.process import start_companion
 from specsteer_lab.eval.data import shared_file
+from specsteer_lab.eval.metrics import rouge
 
 DEVICE_CORE, COMPANION_CORE = 0, 1
-QWEN_05B_PARAMS = 494e6  # Qwen2.5-0.5B parameters (model card), for the multiply-add rate
 
 
 class DelayProxy:
@@ -146,12 +151,95 @@ def cancel_stop_s(client: Client, query: object, delay: float, **params: object
     return None if stamped.set_at is None else ended - due
 
 
+def writers(args: argparse.Namespace) -> list[tuple[str, HistoryStore, object, str | None,
+                                                     int | None]]:
+    """(label, history store, request, what the user wrote, prompt budget) per writer."""
+    if args.persona:
+        from specsteer_lab.demo import PERSONA_QUERY, persona_store
+
+        return [("persona", persona_store(), PERSONA_QUERY, None, args.max_prompt_tokens or 640)]
+    out = []
+    for user in range(args.users):
+        shared = load_shared_user(args.data or shared_file("email"), user, task="email")
+        store = HistoryStore(memory=True)
+        store.add_many(shared.records)
+        out.append((str(user), store, shared.query, shared.gold, args.max_prompt_tokens))
+    return out
+
+
+def run_row(client: Client, query: object, gold: str | None, config: str, user: str,
+            rtt: float | None, **params: object) -> dict:
+    """One streamed generation as a table row (the result's tokens kept for "opens as G")."""
+    ttft, total, res = timed(client, query, "email", **params)
+    s = res.stats
+    return dict(user=user, rtt=rtt, config=config, ttft=ttft, total=total, tokens=s.tokens,
+                warm=s.warm_tokens, switch=s.switch_s, acc=s.acceptance_rate,
+                prefill=s.prefill_s, ready=s.session_ready_s, ids=res.tokens,
+                session_reused=s.session_reused, drafted_ahead=s.drafted_ahead,
+                rougeL=None if gold is None else rouge(res.text, gold).rougeL, text=res.text)
+
+
+def measure_writer(args: argparse.Namespace, specialist, upstream: int, label: str,
+                   store: HistoryStore, query: object, gold: str | None, budget: int | None,
+                   extra: dict) -> list[dict]:
+    """Every configuration of one writer at every round trip (see the module docstring)."""
+    def client(url: str | None) -> Client:
+        return Client(specialist, history=store, companion=url, max_prompt_tokens=budget)
+
+    common = dict(preset=args.preset, max_new_tokens=args.max_new_tokens)
+    _, prompt = client(None).render(query, task="email")
+    rate = prefill_rate(specialist, prompt.private_ids)
+    info = extra[f"user{label}"] = {"private_tokens": len(prompt.private_ids),
+                                    "public_tokens": len(prompt.public_ids),
+                                    "prefill_tok_s": rate}
+    console.print(f"user {label}: private {len(prompt.private_ids)} tokens, public "
+                  f"{len(prompt.public_ids)}; prefill {rate:.1f} tok/s")
+    if args.cancels:
+        info["cancel_prefill_stop_s"] = [cancel_stop_s(client(None), query, delay,
+                                                       max_new_tokens=8)
+                                         for delay in (0.3, 0.75, 1.2)]
+    rows = [run_row(client(None), query, gold, "SLM+RAG", label, None, method="slm_rag",
+                    **common)]
+    for rtt in args.rtt:
+        proxy = DelayProxy(upstream, rtt / 2000.0)
+        via = f"ws://127.0.0.1:{proxy.port}"
+        for name, params in CONFIGS.items():
+            rows.append(run_row(client(via), query, gold, name, label, rtt, **params, **common))
+        prepared = client(via)
+        prepared.prepare(query, task="email", **common).wait()
+        rows.append(run_row(prepared, query, gold, "SpecSteer prepared", label, rtt, **common))
+        if args.cancels:
+            stops = []
+            for delay in (0.15, 0.4, 0.65):  # cancels during the first rounds
+                prepared.prepare(query, task="email", **common).wait()
+                stops.append(cancel_stop_s(prepared, query, delay, **common))
+            info[f"cancel_round_stop_s@{rtt:g}"] = stops
+        prepared.close()
+        proxy.close()
+        console.print(f"user {label} rtt {rtt:g} ms done")
+    return rows
+
+
+# the configurations run at every round trip, before "SpecSteer prepared"
+CONFIGS: dict[str, dict[str, object]] = {
+    "Generalist alone": dict(method="llm"),
+    "SpecSteer default": {},  # the Client's own defaults: what an app gets without prepare
+    "SpecSteer cold": dict(warm_start=False),
+    "SpecSteer warm start": dict(warm_start=True, warm_start_min_s=0.0),
+}
+console = Console(width=190)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--specialist", default="qwen2.5-0.5b")
     ap.add_argument("--generalist", default="qwen2.5-1.5b")
-    ap.add_argument("--precision", default="int8")
+    ap.add_argument("--precision", default="int8", help="the Generalist's")
+    ap.add_argument("--specialist-precision", default=None,
+                    help="the device's Specialist's (default: what a Client loads by name)")
     ap.add_argument("--users", type=int, default=2)
+    ap.add_argument("--persona", action="store_true",
+                    help="the demo's persona and letter instead of newsgroups users")
     ap.add_argument("--rtt", type=float, nargs="+", default=[0.0, 50.0, 150.0],
                     help="emulated round trips, ms")
     ap.add_argument("--threads", type=int, default=1, help="device ONNX Runtime threads")
@@ -160,108 +248,71 @@ def main() -> None:
                          "(`load_device_model`), or ONNX Runtime GenAI (`load_model`)")
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--max-prompt-tokens", type=int, default=None,
-                    help="private prompt budget (default: the task's, as a Client gives it)")
-    ap.add_argument("--preset", default="fast")
+                    help="private prompt budget (default: the task's, as a Client gives it; "
+                         "the persona: the demo's 640)")
+    ap.add_argument("--preset", default=None, help="default: the Client's (none)")
+    ap.add_argument("--cancels", action="store_true", help="also time cancels")
     ap.add_argument("--data", type=Path)
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
-    data = args.data or shared_file("email")
-    console = Console(width=170)
     if hasattr(os, "sched_setaffinity"):
         cores = {DEVICE_CORE} if args.threads == 1 else set(range(args.threads))
         os.sched_setaffinity(0, cores)
     loader = load_device_model if args.runtime == "device" else load_model
-    specialist = loader(args.specialist, precision=args.precision, threads=args.threads)
+    specialist = loader(args.specialist, precision=args.specialist_precision,
+                        threads=args.threads)
     proc, url = start_companion(args.generalist, str(specialist.folder), args.precision,
                                 core=COMPANION_CORE)
     upstream = int(url.rsplit(":", 1)[1])
     rows: list[dict] = []
-    extra: dict[str, object] = {"threads": args.threads, "runtime": args.runtime}
-    common = dict(preset=args.preset, max_new_tokens=args.max_new_tokens)
+    extra: dict[str, object] = {"threads": args.threads, "runtime": args.runtime,
+                                "specialist_precision": specialist.precision}
     try:
-        for user in range(args.users):
-            shared = load_shared_user(data, user, task="email")
-            store = HistoryStore(memory=True)
-            store.add_many(shared.records)
-
-            def client(url: str | None, store: HistoryStore = store) -> Client:
-                return Client(specialist, history=store, companion=url,
-                              max_prompt_tokens=args.max_prompt_tokens)
-
-            _, prompt = client(None).render(shared.query, task="email")
-            rate = prefill_rate(specialist, prompt.private_ids)
-            extra[f"user{user}"] = {"private_tokens": len(prompt.private_ids),
-                                    "public_tokens": len(prompt.public_ids),
-                                    "prefill_tok_s": rate,
-                                    "gmac_s": rate * QWEN_05B_PARAMS / 1e9}
-            console.print(f"user {user}: private {len(prompt.private_ids)} tokens, "
-                          f"public {len(prompt.public_ids)}; prefill {rate:.1f} tok/s "
-                          f"({rate * QWEN_05B_PARAMS / 1e9:.1f} GMAC/s)")
-            extra[f"user{user}"]["cancel_prefill_stop_s"] = [  # type: ignore[index]
-                cancel_stop_s(client(None), shared.query, delay, max_new_tokens=8)
-                for delay in (0.3, 0.75, 1.2)]
-            ttft, total, res = timed(client(None), shared.query, "email", method="slm_rag",
-                                     **common)
-            rows.append(dict(user=user, rtt=None, config="SLM+RAG", ttft=ttft, total=total,
-                             tokens=res.stats.tokens, warm=0, switch=None))
-            for rtt in args.rtt:
-                proxy = DelayProxy(upstream, rtt / 2000.0)
-                via = f"ws://127.0.0.1:{proxy.port}"
-                runs = {
-                    "Generalist alone": (client(via), dict(method="llm")),
-                    "SpecSteer cold": (client(via), dict(warm_start=False)),
-                    "SpecSteer warm start": (client(via), {}),
-                }
-                for name, (c, params) in runs.items():
-                    ttft, total, res = timed(c, shared.query, "email", **params, **common)
-                    rows.append(dict(user=user, rtt=rtt, config=name, ttft=ttft, total=total,
-                                     tokens=res.stats.tokens, warm=res.stats.warm_tokens,
-                                     switch=res.stats.switch_s, acc=res.stats.acceptance_rate))
-                prepared = client(via)
-                prepared.prepare(shared.query, task="email", **common).wait()
-                ttft, total, res = timed(prepared, shared.query, "email", **common)
-                rows.append(dict(user=user, rtt=rtt, config="SpecSteer prepared", ttft=ttft,
-                                 total=total, tokens=res.stats.tokens, warm=res.stats.warm_tokens,
-                                 switch=res.stats.switch_s, acc=res.stats.acceptance_rate,
-                                 session_reused=res.stats.session_reused,
-                                 drafted_ahead=res.stats.drafted_ahead))
-                stops = []
-                for delay in (0.15, 0.4, 0.65):  # cancels during the first rounds
-                    prepared.prepare(shared.query, task="email", **common).wait()
-                    stops.append(cancel_stop_s(prepared, shared.query, delay, **common))
-                prepared.close()
-                extra[f"user{user}"][f"cancel_round_stop_s@{rtt:g}"] = stops  # type: ignore[index]
-                proxy.close()
-                console.print(f"user {user} rtt {rtt:g} ms done")
+        for label, store, query, gold, budget in writers(args):
+            rows += measure_writer(args, specialist, upstream, label, store, query, gold,
+                                   budget, extra)
     finally:
         proc.terminate()
         try:
             proc.wait(10)
         except subprocess.TimeoutExpired:
             proc.kill()
-    table = Table(title=f"{args.specialist} + {args.generalist} {args.precision}, preset "
-                        f"{args.preset}, {args.max_new_tokens} new tokens, device threads "
-                        f"{args.threads}, device runtime {args.runtime}")
-    for col in ("user", "RTT ms", "configuration", "TTFT s", "TTFT x G", "total s",
-                "tokens", "speed x G", "warm tokens", "switch s", "session reused",
-                "drafted ahead"):
+    report(args, specialist, rows, extra)
+
+
+def report(args: argparse.Namespace, specialist, rows: list[dict], extra: dict) -> None:
+    table = Table(title=f"{args.specialist} {specialist.precision} + {args.generalist} "
+                        f"{args.precision}, preset {args.preset or 'none'}, "
+                        f"{args.max_new_tokens} new tokens, device threads {args.threads}, "
+                        f"device runtime {args.runtime}")
+    for col in ("user", "RTT ms", "configuration", "TTFT s", "TTFT x G", "total s", "tokens",
+                "speed x G", "prefill s", "session s", "warm tokens", "switch s",
+                "opens as G", "ROUGE-L"):
         table.add_column(col)
     base = {(r["user"], r["rtt"]): r for r in rows if r["config"] == "Generalist alone"}
     for r in rows:
         g = base.get((r["user"], r["rtt"])) or base.get((r["user"], args.rtt[0]))
         speed = (r["tokens"] / r["total"]) / (g["tokens"] / g["total"]) if g else float("nan")
-        table.add_row(str(r["user"]), "-" if r["rtt"] is None else f"{r['rtt']:g}", r["config"],
-                      f"{r['ttft']:.2f}", f"{r['ttft'] / g['ttft']:.2f}" if g else "",
-                      f"{r['total']:.1f}", str(r["tokens"]), f"{speed:.2f}", str(r["warm"]),
-                      "" if r["switch"] is None else f"{r['switch']:.1f}",
-                      "yes" if r.get("session_reused") else "",
-                      str(r.get("drafted_ahead") or ""))
+        r["ttft_x_g"] = r["ttft"] / g["ttft"] if g else None
+        r["speed_x_g"] = speed
+        r["opens_as_g"] = bool(g) and r["ids"][:8] == g["ids"][:8]
+        table.add_row(r["user"], "-" if r["rtt"] is None else f"{r['rtt']:g}", r["config"],
+                      f"{r['ttft']:.2f}", f"{r['ttft_x_g']:.2f}" if g else "",
+                      f"{r['total']:.1f}", str(r["tokens"]), f"{speed:.2f}",
+                      f"{r['prefill']:.2f}", "" if r["ready"] is None else f"{r['ready']:.2f}",
+                      str(r["warm"]), "" if r["switch"] is None else f"{r['switch']:.1f}",
+                      "yes" if r["opens_as_g"] else "",
+                      "" if r["rougeL"] is None else f"{100 * r['rougeL']:.1f}")
     console.print(table)
     console.print(json.dumps(extra, indent=1))
-    if len(rows) > 1:
-        console.print("mean TTFT by configuration: " + ", ".join(
-            f"{c} {statistics.mean(r['ttft'] for r in rows if r['config'] == c):.2f}"
-            for c in dict.fromkeys(r["config"] for r in rows)))
+    for config in dict.fromkeys(r["config"] for r in rows):
+        mine = [r for r in rows if r["config"] == config and r["ttft_x_g"] is not None]
+        if mine:
+            console.print(
+                f"{config}: TTFT x G mean {statistics.mean(r['ttft_x_g'] for r in mine):.2f} "
+                f"(max {max(r['ttft_x_g'] for r in mine):.2f}), speed x G mean "
+                f"{statistics.mean(r['speed_x_g'] for r in mine):.2f}, opens as G "
+                f"{sum(r['opens_as_g'] for r in mine)}/{len(mine)}")
     if args.json:
         args.json.write_text(json.dumps({"rows": rows, "extra": extra}, indent=1))
 

@@ -62,6 +62,11 @@ def serve(
         typer.Option(help="The devices' Specialist artifact (P_S0); 'none' if devices send P_S0"),
     ] = "qwen2.5-0.5b",
     precision: Annotated[str, typer.Option(help="Precision of registry models")] = "int8",
+    specialist_precision: Annotated[
+        str | None,
+        typer.Option(help="Precision of a registry --specialist (default: the one devices run "
+                          "it at, so both hold the same artifact: docs/models.md)"),
+    ] = None,
     host: Annotated[str, typer.Option()] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="0 picks a free port")] = 8765,
     threads: Annotated[int, typer.Option(help="Threads per model")] = 1,
@@ -153,6 +158,7 @@ def serve(
                    "the companion does not serve plain ws:// when TLS was asked for", err=True)
         raise typer.Exit(1)
     from specsteer.runtime import LanguageModel, load_model
+    from specsteer.runtime.folder import resolve_folder
     from specsteer.runtime.ort_batched import load_batched_model
     from specsteer_companion.auth import TokenStore
     from specsteer_companion.batching import BatchingModel, BatchLimits
@@ -204,7 +210,8 @@ def serve(
                 cpus=engine_cpus))
         else:
             g = load(generalist)
-        s = None if specialist == "none" else load(specialist)
+        s = None if specialist == "none" else load(
+            str(resolve_folder(specialist, specialist_precision, device=True)))
         verifier = Verifier(g, s)
     except (SpecSteerError, ValueError) as exc:
         typer.echo(f"error: {exc}", err=True)

@@ -80,6 +80,9 @@ class GenerationStats:
     prefill_tokens: int = 0  # private prompt tokens this generation prefilled itself
     warm_tokens: int = 0  # Generalist tokens written during a warm start, before the switch
     switch_s: float | None = None  # when Draft-Verify-Recover took over (None: no warm start)
+    # when the companion held the session (hello, its prefill of the public prompt): a cold
+    # start's private prefill runs beside it, so the first round waits for the longer of the two
+    session_ready_s: float | None = None
     session_reused: bool = False  # the companion session `prepare` opened was used as it was
     drafted_ahead: int = 0  # tokens of the first round's draft `prepare` made after the prefill
     cancelled: bool = False  # stopped by the caller's cancel event
@@ -446,6 +449,7 @@ class Client:
                     loop_ended=stats.loop_ended,
                     prefill_reused=reused, prefill_tokens=to_prefill,
                     warm_tokens=stats.warm_tokens, switch_s=stats.switch_s,
+                    session_ready_s=stats.session_ready_s,
                     session_reused=stats.session_reused, drafted_ahead=stats.drafted_ahead,
                     records=prompt.records, truncated=prompt.truncated,
                     leak_flagged=stats.leak_flagged, leak_redacted=stats.leak_redacted,

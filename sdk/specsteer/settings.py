@@ -119,9 +119,13 @@ class Params:
     # warm start: while the device prefills its private prompt, the companion writes from the
     # public prompt (Generalist tokens), then the generation switches to Draft-Verify-Recover;
     # used when a companion is reachable and the prefill left is estimated to take at least
-    # `warm_start_min_s` (`device.warm.estimated_prefill_s`; 0 = whenever anything is left)
+    # `warm_start_min_s` (`device.warm.estimated_prefill_s`; 0 = whenever anything is left).
+    # Below it the start is cold: the prefill runs beside the companion's session opening and
+    # the text is the user's from its first word; a warm start's opening is the Generalist's
+    # (docs/BENCHMARKS.md, Latency, run 5: where the measured cold start stays within 1.2x the
+    # Generalist alone's first token)
     warm_start: bool = True
-    warm_start_min_s: float = 0.5
+    warm_start_min_s: float = 4.0
     # what a draft that copies private history does (device/leak_guard.py): "hold" (finish on
     # the device: nothing of the copy, nor after it, is sent), "redact" (cut it, ban the span's
     # next token), "allow" (send it, count it; warns). "hold" is the default: with it and with

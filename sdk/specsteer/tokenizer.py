@@ -15,6 +15,7 @@ import hashlib
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -49,13 +50,21 @@ class Message:
 
 
 class Tokenizer:
-    """A model's tokenizer: encode/decode, chat rendering and stop ids."""
+    """A model's tokenizer: encode/decode, chat rendering and stop ids.
+
+    chat_template: "chatml" (the registry's models), "none" (base models: plain text) or
+    "jinja": the model's own template (`template`, a `ChatTemplate`), as an added model brings.
+    """
 
     def __init__(
-        self, hf: _HFTokenizer, *, chat_template: str = "chatml", eos_ids: Sequence[int] = ()
+        self, hf: _HFTokenizer, *, chat_template: str = "chatml", eos_ids: Sequence[int] = (),
+        template: ChatTemplate | None = None,
     ) -> None:
+        if (chat_template == "jinja") != (template is not None):
+            raise ModelError('chat_template "jinja" comes with its template, and only it does')
         self._hf = hf
         self.chat_template = chat_template
+        self._template = template
         vocab = hf.get_vocab(with_added_tokens=True)
         ends = {vocab[m] for m in _END_MARKERS if m in vocab}
         self.eos_ids: frozenset[int] = frozenset(ends | set(eos_ids))
@@ -78,7 +87,8 @@ class Tokenizer:
             hf = _HFTokenizer.from_file(str(path))
         except Exception as exc:  # the tokenizers library raises a bare Exception on bad JSON
             raise TokenizerMissing(f"{path} is not a valid tokenizer ({exc}); recompile") from exc
-        return cls(hf, chat_template=chat_template, eos_ids=eos_ids)
+        template = ChatTemplate.from_folder(Path(folder)) if chat_template == "jinja" else None
+        return cls(hf, chat_template=chat_template, eos_ids=eos_ids, template=template)
 
     @property
     def vocab_size(self) -> int:
@@ -150,6 +160,8 @@ class Tokenizer:
         if self.chat_template == "none":  # base models: plain text, blank line between turns
             text = "\n\n".join(m.content for m in messages if m.content)
             return text + ("\n\n" if add_generation_prompt else "")
+        if self._template is not None:
+            return self._template.render(messages, add_generation_prompt=add_generation_prompt)
         parts = [f"<|im_start|>{m.role}\n{m.content}<|im_end|>\n" for m in messages]
         if add_generation_prompt:
             parts.append("<|im_start|>assistant\n")
@@ -160,6 +172,53 @@ class Tokenizer:
     ) -> list[int]:
         """Token ids of a conversation, ready to append to a session."""
         return self.encode(self.render_chat(messages, add_generation_prompt=add_generation_prompt))
+
+
+class ChatTemplate:
+    """A model's own Jinja chat template (chat_template.jinja of its folder), rendered as
+    transformers renders it: a sandbox, trimmed blocks, `raise_exception`, `strftime_now`,
+    `tojson`, and the bos/eos token strings of its tokenizer_config.json."""
+
+    def __init__(self, text: str, *, bos_token: str = "", eos_token: str = "") -> None:
+        from jinja2.ext import loopcontrols
+        from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                            extensions=[loopcontrols])
+        env.filters["tojson"] = lambda value, indent=None: json.dumps(
+            value, ensure_ascii=False, indent=indent)
+        env.globals["raise_exception"] = _refuse
+        env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+        self._template = env.from_string(text)
+        self.bos_token, self.eos_token = bos_token, eos_token
+
+    @classmethod
+    def from_folder(cls, folder: Path) -> ChatTemplate:
+        path = folder / "chat_template.jinja"
+        if not path.is_file():
+            raise TokenizerMissing(f"{path} is missing: the folder's manifest names a chat "
+                                   "template it does not hold; recompile it")
+        config_path = folder / "tokenizer_config.json"
+        config = json.loads(config_path.read_text()) if config_path.is_file() else {}
+        return cls(path.read_text(), bos_token=_token_text(config.get("bos_token")),
+                   eos_token=_token_text(config.get("eos_token")))
+
+    def render(self, messages: Sequence[Message], *, add_generation_prompt: bool) -> str:
+        return self._template.render(
+            messages=[{"role": m.role, "content": m.content} for m in messages],
+            add_generation_prompt=add_generation_prompt, bos_token=self.bos_token,
+            eos_token=self.eos_token, tools=None, documents=None)
+
+
+def _refuse(message: str) -> None:
+    raise ModelError(f"the model's chat template refused the conversation: {message}")
+
+
+def _token_text(token: object) -> str:
+    """A special token as tokenizer_config.json writes it: a string or {"content": ...}."""
+    if isinstance(token, dict):
+        return str(token.get("content", ""))
+    return token if isinstance(token, str) else ""
 
 
 def _is_byte_token(token: str) -> bool:

@@ -272,6 +272,6 @@ def test_every_command_is_documented():
 
     guide = (Path(__file__).resolve().parents[2] / "docs" / "models.md").read_text()
     names = [c.name or c.callback.__name__ for c in models_cli.app.registered_commands]
-    assert sorted(names) == ["compile", "export-hf", "fetch", "list", "path", "verify"]
+    assert sorted(names) == ["add", "compile", "export-hf", "fetch", "list", "path", "verify"]
     for name in names:
         assert f"### `specsteer models {name}" in guide

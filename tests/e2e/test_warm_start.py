@@ -137,11 +137,19 @@ def test_the_client_reports_the_warm_start(tiny_model, tiny_generalist):
     assert f"({stats.prefill_tokens} prompt tokens; 0 reused" in text
 
 
-def test_the_estimate_scales_with_the_weights_and_threads():
-    from specsteer.device.warm import estimated_prefill_s
+def test_the_estimate_scales_with_the_graph_s_multiply_adds_and_threads():
+    """The compiled graph's multiply-adds a token (recorded in its manifest: every linear layer
+    but the output layer) at the precision's measured rate per core."""
+    from specsteer.device.warm import MACS_PER_CORE, estimated_prefill_s
 
     one = load_model(tiny_model_dir("llama", seed=0), threads=1)
     two = load_model(tiny_model_dir("llama", seed=0), threads=2)
+    # the tiny recipe: 2 layers of q, k, v, o (64x64, 64x32 twice, 64x64) and the MLP (3 x
+    # 64x128); the output layer (64 x vocabulary) is not per token
+    assert one.manifest["prefill_macs_per_token"] == 2 * (64 * 64 * 2 + 64 * 32 * 2
+                                                          + 3 * 64 * 128)
+    assert estimated_prefill_s(one, 100) == pytest.approx(
+        100 * one.manifest["prefill_macs_per_token"] / MACS_PER_CORE["fp32"])
     assert estimated_prefill_s(one, 100) == pytest.approx(2 * estimated_prefill_s(two, 100))
     assert estimated_prefill_s(one, 200) == pytest.approx(2 * estimated_prefill_s(one, 100))
     assert estimated_prefill_s(one, 1000) < Params().warm_start_min_s  # tiny: never by default

@@ -1,5 +1,6 @@
 """The device's runtime (`load_device_model`): raw ONNX Runtime, one session a pass, a pass
-that a cancel stops mid-way, and a prefill whose passes do not depend on timing."""
+that a cancel stops mid-way, a KV cache kept in place between passes, a prefill whose passes
+do not depend on timing and that computes the output layer for its last position only."""
 
 from __future__ import annotations
 
@@ -16,14 +17,13 @@ from specsteer.client import Client
 from specsteer.device.warm import BackgroundPrefill
 from specsteer.errors import GenerationCancelled, SessionError
 from specsteer.models.tiny import tiny_model_dir
-from specsteer.runtime import CancellableSession, load_device_model
+from specsteer.runtime import CancellableSession, DeviceModel, load_device_model
 from specsteer.runtime.onnx import default_threads
-from specsteer.runtime.ort_batched import BatchedModel
 from specsteer.runtime.track import STOPPABLE_CHUNK, PrefillPace, Track
 
 
 @pytest.fixture(scope="module")
-def device_model() -> BatchedModel:
+def device_model() -> DeviceModel:
     return load_device_model(tiny_model_dir("llama", seed=0))
 
 
@@ -35,19 +35,21 @@ class Recording:
     """A real session that also notes the size of every pass (which the test reads)."""
 
     def __init__(self, session) -> None:
-        self.session, self.passes = session, []
+        self.session, self.passes, self.rows = session, [], []
 
     @property
     def length(self) -> int:
         return self.session.length
 
-    def append(self, ids):
+    def append(self, ids, rows=None):
         self.passes.append(len(ids))
-        return self.session.append(ids)
+        self.rows.append(rows)
+        return self.session.append(ids, rows)
 
-    def append_cancellable(self, ids, cancel):
+    def append_cancellable(self, ids, cancel, rows=None):
         self.passes.append(len(ids))
-        return self.session.append_cancellable(ids, cancel)
+        self.rows.append(rows)
+        return self.session.append_cancellable(ids, cancel, rows)
 
     def rewind(self, length: int) -> None:
         self.session.rewind(length)
@@ -58,30 +60,63 @@ class Recording:
 
 def test_the_client_runs_a_named_specialist_on_the_device_runtime():
     client = Client(str(tiny_model_dir("llama", seed=0)), history=None)
-    assert isinstance(client.specialist, BatchedModel)
-    assert not client.specialist.batchable
+    assert isinstance(client.specialist, DeviceModel)
     assert client.specialist.threads == default_threads()
     assert isinstance(client.specialist.new_session(), CancellableSession)
 
 
 def test_its_logits_are_the_genai_runtime_s(device_model, tiny_model):
-    ids = _ids(device_model, 300, seed=3)
+    """Through every growth of the cache (256 positions, then 512, then 1024), single steps,
+    rewinds and passes of the last row only."""
+    ids = _ids(device_model, 700, seed=3)
     device, genai = device_model.new_session(), tiny_model.new_session()
-    for part in (ids[:128], ids[128:256], ids[256:290]):
+    for part in (ids[:128], ids[128:300], ids[300:600]):
         np.testing.assert_allclose(device.append(part), genai.append(part), atol=1e-4)
-    for token in ids[290:]:
+    assert device.capacity == 1024
+    last = device.append(ids[600:650], rows=1)
+    assert last.shape == (1, device_model.vocab_size)
+    np.testing.assert_allclose(last[0], genai.append(ids[600:650])[-1], atol=1e-4)
+    for token in ids[650:]:
         np.testing.assert_allclose(device.append([token]), genai.append([token]), atol=1e-4)
-    device.rewind(295)
-    genai.rewind(295)
-    np.testing.assert_allclose(device.append([7, 8, 9]), genai.append([7, 8, 9]), atol=1e-4)
+    device.rewind(640)
+    genai.rewind(640)
+    np.testing.assert_allclose(device.append([7, 8, 9], rows=2), genai.append([7, 8, 9])[1:],
+                               atol=1e-4)
     check_session_errors(device_model)
+    with pytest.raises(SessionError, match="rows must be in"):
+        device.append([1, 2], rows=3)
+    assert device.length == 643
 
 
-def test_one_session_a_pass(device_model):
-    a, b = device_model.new_session(), device_model.new_session()
-    with pytest.raises(SessionError, match="one session a pass"):
-        device_model.append_batch([(a, [5]), (b, [6])])
-    assert (a.length, b.length) == (0, 0)
+def test_the_cache_is_written_in_place(device_model):
+    """Past and present are one buffer per layer: a pass adds its positions to the arrays the
+    session already holds (no copy in, no copy out) until the cache must grow."""
+    session = device_model.new_session()
+    buffers = session._cache[0]
+    session.append(_ids(device_model, 100, seed=4))
+    assert session._cache[0] is buffers
+    filled = buffers[0][0, :, :100]
+    assert np.abs(filled).sum(axis=-1).all()  # every position written, by the pass itself
+    assert not buffers[0][0, :, 100:].any()
+    session.append(_ids(device_model, 200, seed=5))  # 300 > 256: grown, the 100 kept
+    assert session._cache[0] is not buffers
+    np.testing.assert_array_equal(session._cache[0][0][0, :, :100], filled)
+
+
+def test_a_prefill_pass_computes_the_last_row_alone(device_model):
+    """The graph's output layer runs on the rows asked for (`logits_to_keep`), not on every
+    position: the logits the pass produced hold one row, and equal the full pass's last."""
+    assert device_model.keeps_rows
+    ids = _ids(device_model, 64, seed=6)
+    session = device_model.new_session()
+    row = session.append(ids, rows=1)
+    assert session._binding.get_outputs()[0].shape() == [1, 1, device_model.vocab_size]
+    full = device_model.new_session().append(ids)
+    np.testing.assert_array_equal(row[0], full[-1])
+    track = Track(device_model, _ids(device_model, 300, seed=7), 400, lazy=True)
+    track.session = recording = Recording(track.session)
+    track.prefill(threading.Event())
+    assert recording.rows == [1] * 5
 
 
 def test_a_cancel_set_before_the_pass_runs_nothing(device_model):
@@ -109,6 +144,7 @@ def test_the_device_prefill_runs_fixed_passes_whatever_the_pace(device_model):
     track.session = recording = Recording(track.session)
     track.prefill(threading.Event())
     assert recording.passes == [STOPPABLE_CHUNK] * 4 + [300 - 4 * STOPPABLE_CHUNK]
+    assert recording.rows == [1] * 5
     # without a cancel to watch nothing can stop a pass mid-way: the pace sizes them
     paced = Track(device_model, prompt, 400, lazy=True, chunk=128, pace=PrefillPace(low=8))
     paced.session = recording = Recording(paced.session)

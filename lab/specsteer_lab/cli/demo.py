@@ -43,10 +43,11 @@ def demo_command(
                                       "CPU); 0 = the task's, as a Client chooses it")
     ] = 640,
     warm_start: Annotated[
-        bool, typer.Option(help="Let the companion write the opening from the public request "
-                                "while the device prefills (sooner first token; the opening is "
-                                "then the Generalist's generic one, not the sender's)")
-    ] = False,
+        bool | None, typer.Option(help="Let the companion write the opening from the public "
+                                       "request while the device prefills (the opening is then "
+                                       "the Generalist's generic one, not the sender's); "
+                                       "default: as a Client decides (docs/architecture.md)")
+    ] = None,
 ) -> None:
     """The main job: a real email in a sender's voice via SDK + companion on real models."""
     from specsteer.client import Client
@@ -75,14 +76,15 @@ def demo_command(
             where = query.get("newsgroup") or query.get("to") or "?"
             console.print(f"[bold]Subject:[/bold] {query.get('subject')}  [dim]({where})[/dim]")
             console.print(legend())
-            # Off by default: with it, the first ~17 tokens for the persona were the Generalist's
-            # "Subject: Bulb Planting Day / Dear Growers, I hope this message finds you well"
-            # and the letter went on in that template; cold, it opens "Hi," and signs as Wren
-            # (docs/BENCHMARKS.md, issue 14 second pass).
-            result = print_stream(
-                client, query, "email",
-                {"preset": preset, "max_new_tokens": max_new_tokens, "warm_start": warm_start},
-            )
+            # The Client's default: the device prefills beside the companion's session opening
+            # and the letter is the sender's from its first word (a warm start's first ~17
+            # tokens for the persona were the Generalist's "Subject: Bulb Planting Day / Dear
+            # Growers, I hope this message finds you well"; docs/BENCHMARKS.md, issue 14 second
+            # pass); the stats say where the wait went.
+            options = {"preset": preset, "max_new_tokens": max_new_tokens}
+            if warm_start is not None:  # asked for: whatever the prefill is estimated at
+                options.update(warm_start=warm_start, warm_start_min_s=0.0)
+            result = print_stream(client, query, "email", options)
             console.print(stats_table(result))
             if gold is not None:
                 console.print("[bold]What the user really wrote (first 400 chars):[/bold]")

@@ -57,6 +57,25 @@ def _warm_start(s: GenerationStats) -> str:
     return "no"
 
 
+def first_token_wait(s: GenerationStats) -> str:
+    """Where the wait for the first token went: retrieval, the device's prefill, the
+    companion's session (hello, its prefill of the public request) and the first round."""
+    first = s.first_token_s or 0.0
+    parts = [f"retrieval {s.retrieval_s * 1e3:.0f} ms"]
+    opened = s.session_ready_s
+    if s.warm_tokens and opened is not None:
+        parts.append(f"companion session {opened:.2f} s, then the Generalist's first token "
+                     f"{first - opened:.2f} s (the device prefilled {s.prefill_s:.2f} s meanwhile)")
+    elif opened is not None:
+        ready = max(s.prefill_s, opened)
+        parts.append(f"device prefill {s.prefill_s:.2f} s beside the companion session "
+                     f"{opened:.2f} s, then the first round {max(first - ready, 0.0):.2f} s")
+    else:
+        parts.append(f"device prefill {s.prefill_s:.2f} s, then the first token "
+                     f"{max(first - s.prefill_s, 0.0):.2f} s")
+    return f"{s.retrieval_s + first:.2f} s: " + "; ".join(parts)
+
+
 def stats_table(result: Result) -> Table:
     """The generation's stats as a two-column table."""
     s = result.stats
@@ -68,6 +87,7 @@ def stats_table(result: Result) -> Table:
         ("acceptance", f"{s.acceptance_rate:.1%} ({s.accepted}/{s.drafted} drafts)"),
         ("tokens/s", f"{s.tokens_per_s:.2f}"),
         ("time to first token", f"{s.first_token_s or 0:.2f} s"),
+        ("where it went", first_token_wait(s)),
         ("retrieval", f"{s.retrieval_s * 1e3:.1f} ms"),
         ("device prefill", f"{s.prefill_s:.2f} s ({s.prefill_tokens} prompt tokens; "
                            f"{s.prefill_reused} reused from prepare/earlier)"),

@@ -111,7 +111,10 @@ def _gguf_status(spec: registry.ModelSpec) -> dict[str, Any]:
     """Cheap state of the cached GGUF: present and of the right size (`verify` hashes it)."""
     path = registry.gguf_path(spec)
     size = path.stat().st_size if path.is_file() else None
-    if size is None:
+    if spec.source:  # added: the user's own file or folder (`verify` hashes it)
+        state = "added" if path.exists() else f"gone from {path}"
+        size = spec.size if path.exists() else None
+    elif size is None:
         state = "no"
     elif size == spec.size:
         state = "yes"
@@ -119,7 +122,7 @@ def _gguf_status(spec: registry.ModelSpec) -> dict[str, Any]:
         state = f"bad size ({size} B, expected {spec.size} B)"
     return {
         "path": str(path),
-        "fetched": state == "yes",
+        "fetched": state in ("yes", "added"),
         "state": state,
         "size": size,
         "expected_size": spec.size,
@@ -196,6 +199,27 @@ def list_models(
             compiled or "-",
         )
     Console(markup=False, highlight=False).print(table)
+
+
+@app.command()
+def add(
+    path: Annotated[Path, typer.Argument(help="A GGUF file or a Hugging Face model folder.")],
+    name: Annotated[
+        str | None, typer.Option(help="Its name (default: from its own metadata).")
+    ] = None,
+    precision: Annotated[Precision, typer.Option(help="Weight precision.")] = Precision.int8,
+    role: Annotated[str, typer.Option(help="What it is for, as `list` shows it.")] = "",
+    force: Annotated[bool, typer.Option(help="Replace a model added under this name.")] = False,
+) -> None:
+    """Compile and register a model you bring (qwen2, qwen3, llama, mistral, phi3, gemma2,
+    gemma3), usable by name like a registry model (needs the `compile` extra)."""
+    from specsteer.models.add import add_model  # imports torch lazily, in subprocesses
+
+    with _user_errors():
+        made = add_model(path, name=name, precision=precision.value, role=role, force=force,
+                         progress=_say)
+    _say(f"{made.spec.name}: {made.tokenizer_note}")
+    typer.echo(str(made.folder))
 
 
 @app.command()

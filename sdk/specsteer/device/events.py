@@ -42,6 +42,9 @@ class DecodeStats:
     loop_ended: bool = False  # `Params.loop_end_ngram` ended a looping text at a sentence end
     warm_tokens: int = 0  # Generalist tokens written during a warm start, before the switch
     switch_s: float | None = None  # seconds from the start until Draft-Verify-Recover took over
+    # seconds from the start until the companion held the session (hello, its prefill of the
+    # public prompt; a cold start's private prefill runs beside them)
+    session_ready_s: float | None = None
     session_reused: bool = False  # the companion session was opened ahead by `Client.prepare`
     drafted_ahead: int = 0  # tokens of the first round's draft made ahead by `Client.prepare`
     accept_lengths: list[int] = field(default_factory=list)

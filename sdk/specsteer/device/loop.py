@@ -27,7 +27,7 @@ from specsteer.device.warm import BackgroundPrefill, estimated_prefill_s
 from specsteer.errors import CompanionTimedOut, CompanionUnavailable, GenerationCancelled
 from specsteer.link import CompanionLink
 from specsteer.meta_answers import phrase_ids
-from specsteer.runtime.base import LanguageModel
+from specsteer.runtime.base import CancellableSession, LanguageModel
 from specsteer.runtime.track import Track
 from specsteer.settings import Params
 
@@ -66,6 +66,12 @@ def decode(
     128-token passes: pass boundaries change logits by float rounding, which can flip a
     near-tie, and a timed pace would make the text depend on the machine's load (the eval
     harness and the pinned outputs decode here).
+
+    Cold (no warm start), on a runtime whose pass releases the GIL (`CancellableSession`, the
+    device's): the private prefill runs on a thread of its own while the companion connects,
+    says hello and prefills the public prompt; the first round waits for both. The text is the
+    same as with the prefill first (the same passes), and the wait is the longer of the two
+    instead of their sum (`stats.session_ready_s` says when the companion was ready).
 
     Warm start (`params.warm_start`, SpecSteer and speculative decoding, a companion reachable
     and the prefill left estimated at `params.warm_start_min_s` or more): the
@@ -134,6 +140,7 @@ class _Generation:
         room = len(self.prompt_ids) + params.max_new_tokens + 64
         self.switch_after = switch_after
         self.warming: BackgroundPrefill | None = None
+        self.prefilling: BackgroundPrefill | None = None  # cold, beside the session's opening
         self.owns_local = local is None
         self.local = local if local is not None else \
             Track(specialist, self.prompt_ids, room, lazy=True)
@@ -153,6 +160,8 @@ class _Generation:
             if self.warming is not None:  # it ended before the switch: every token so far
                 self.stats.warm_tokens = len(self.out)
                 self.warming.abandon()
+            if self.prefilling is not None:
+                self.prefilling.abandon()
             # cancelled: the caller gets control back now; a companion busy on a round (or a
             # websocket's close handshake) takes the links' closing off its wait
             self._drop_remote(background=self.cancel.is_set())
@@ -169,6 +178,8 @@ class _Generation:
         warm = self._warm_start_wanted(link)
         if warm:
             self.warming = BackgroundPrefill(self.local, self.cancel)
+        elif self._overlap_wanted(link):
+            self.prefilling = BackgroundPrefill(self.local, self.cancel)
         elif params.method != "llm":  # the LLM baseline needs the Specialist only offline
             self.local.prefill(self.cancel)
             stats.prefill_s += time.perf_counter() - self.started
@@ -180,6 +191,7 @@ class _Generation:
                 self._collaborate(link, warm=warm)
             except LINK_ERRORS as exc:
                 self._end_warm_start()
+                self._end_prefill()
                 self._drop_ahead()
                 self._lost(exc)
         while len(self.out) < params.max_new_tokens:
@@ -198,6 +210,7 @@ class _Generation:
                 except LINK_ERRORS as exc:
                     self._drop_remote()
                     self._end_warm_start()
+                    self._end_prefill()
                     self.local.resync([*self.prompt_ids, *self.out])
                     if not self._resync(exc):
                         self._lost(exc)
@@ -265,7 +278,14 @@ class _Generation:
         self.remote = collaborate(
             self.specialist, self.local, list(self.prompt.public_ids), list(self.out), left, link,
             self.stats, self.rng, self.guard, self.next_round, ahead, phrases=self.phrases,
+            ready=self._session_ready,
         )
+
+    def _session_ready(self) -> None:
+        """The companion holds the session: note when, and let the rounds have the track."""
+        if self.stats.session_ready_s is None:
+            self.stats.session_ready_s = time.perf_counter() - self.started
+        self._end_prefill()
 
     def _drop_ahead(self) -> None:
         """The draft made ahead will not be used: the track holds the prompt alone again."""
@@ -297,6 +317,7 @@ class _Generation:
     def _hold(self, reason: str) -> None:
         """The leak guard held: finish on the device alone; nothing more is sent."""
         self._drop_remote()
+        self._end_prefill()
         self.local.resync([*self.prompt_ids, *self.out])
         self.held = True
         self._announce("local", reason)
@@ -317,6 +338,20 @@ class _Generation:
         pending = self.local.pending
         return (params.warm_start and params.method in MODES and reachable and pending > 0
                 and estimated_prefill_s(self.specialist, pending) >= params.warm_start_min_s)
+
+    def _overlap_wanted(self, link: CompanionLink | None) -> bool:
+        """A cold collaborative start whose private prefill can run beside the session's
+        opening: on a session whose passes release the GIL, with a companion to open."""
+        reachable = link is not None or self.links.connect_fn is not None
+        return (self.params.collaborative and self.params.method != "llm" and reachable
+                and self.local.pending > 0 and isinstance(self.local.session, CancellableSession))
+
+    def _end_prefill(self) -> None:
+        """Wait for a cold start's background prefill (the track is the loop's again)."""
+        if self.prefilling is not None:
+            prefilling, self.prefilling = self.prefilling, None
+            prefilling.join()
+            self.stats.prefill_s += prefilling.seconds
 
     def _switch_due(self) -> bool:
         assert self.warming is not None

@@ -83,6 +83,7 @@ def collaborate(
     ahead: Drafted | None = None,
     *,
     phrases: PhraseIds,
+    ready: Callable[[], None] | None = None,
 ) -> Iterator[tuple[int, str]]:
     """Open a session over the public prompt and yield (token, provenance) from its rounds.
 
@@ -95,7 +96,8 @@ def collaborate(
     already holds unused over this prompt and settings (`Client.prepare`) is used as it is;
     any other one is replaced. `ahead`: the first round's draft, made ahead (`first_draft`:
     `local` holds the prompt plus its tokens). `phrases`: the banned phrases' ids
-    (`meta_answers.phrase_ids`, made once per generation).
+    (`meta_answers.phrase_ids`, made once per generation). `ready`: called once the session is
+    open, before `local` is first used (a prefill running beside the opening ends there).
     """
     settings = session_settings(params, link)
     mode, s0_here = settings.mode, settings.s0_on_device
@@ -105,6 +107,8 @@ def collaborate(
         stats.session_reused = True
     else:
         link.open(public_prompt, settings)
+    if ready is not None:
+        ready()
     public_ids = [*public_prompt, *committed]
     if mode is Mode.ROWS:
         yield from row_tokens(local, params, link, stats, rng, specialist.tokenizer.eos_ids,

@@ -20,18 +20,25 @@ import time
 from specsteer.runtime.base import CancellableSession, LanguageModel
 from specsteer.runtime.track import Track
 
-# Operations per second one CPU core sustains in an int8 prefill: a round, conservative figure
-# (one core of the benchmark machine ran Qwen2.5-0.5B's int8 prefill at ~48 G multiply-adds/s,
-# ~97 G ops/s, docs/BENCHMARKS.md "Latency"); weight bytes also overcount parameters (fp32
-# embeddings), so the estimate errs towards a warm start. It only decides whether one pays.
+# Multiply-adds per second one CPU core sustains in a device's prefill, per precision: round,
+# conservative figures measured per CPU second on the benchmark machine (Qwen2.5-0.5B, one
+# thread, last-row passes; docs/BENCHMARKS.md "Prefill at the limit"); others as int8
+MACS_PER_CORE = {"int8": 35e9, "w8a8": 75e9, "int4": 35e9, "fp32": 35e9}
+# a folder whose manifest predates `prefill_macs_per_token`: operations per weight byte a
+# token, as estimated before it (weight bytes overcount: the embedding table is a lookup)
 OPS_PER_CORE = 50e9
 
 
 def estimated_prefill_s(model: LanguageModel, tokens: int) -> float:
-    """Seconds a prefill of `tokens` should take: 2 ops per weight byte per token (a byte is
-    about a parameter at int8) over the model's threads at `OPS_PER_CORE`."""
-    weight_bytes = getattr(model, "weight_bytes", 0)
+    """Seconds a prefill of `tokens` should take on the model's threads: the multiply-adds a
+    token of its graph takes (recorded in its manifest) at `MACS_PER_CORE` per thread; else
+    2 ops per weight byte at `OPS_PER_CORE`."""
     threads = getattr(model, "threads", 1) or 1
+    macs = getattr(model, "manifest", {}).get("prefill_macs_per_token")
+    if macs:
+        rate = MACS_PER_CORE.get(getattr(model, "precision", "int8"), MACS_PER_CORE["int8"])
+        return tokens * macs / (threads * rate)
+    weight_bytes = getattr(model, "weight_bytes", 0)
     return tokens * 2.0 * weight_bytes / (threads * OPS_PER_CORE)
 
 

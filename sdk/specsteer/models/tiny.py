@@ -19,6 +19,7 @@ from pathlib import Path
 
 from specsteer.errors import ModelError
 from specsteer.models.compile import install_folder
+from specsteer.models.logits_rows import prefill_macs, upgrade_folder
 from specsteer.models.manifest import write_manifest
 from specsteer.models.registry import home
 
@@ -48,6 +49,7 @@ def _recipe(arch: str, seed: int, vocab: int, heads: int = 4, kv_heads: int = 2)
         "heads": heads,
         "kv_heads": kv_heads,
         "intermediate": 128,
+        "logits_to_keep": True,  # the graph's output layer on the rows asked for (logits_rows)
     }
 
 
@@ -99,9 +101,23 @@ def _train_tokenizer(vocab: int):
     return tok
 
 
+# transformers (config, model) class names per tiny architecture, and what each needs beyond
+# the common fields: the decoders `specsteer models add` supports, one tiny model each
+_ARCHS = {
+    "llama": ("LlamaConfig", "LlamaForCausalLM", {}),
+    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", {}),
+    "mistral": ("MistralConfig", "MistralForCausalLM", {"sliding_window": None}),
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", {"head_dim": 16}),
+    "phi3": ("Phi3Config", "Phi3ForCausalLM",
+             {"original_max_position_embeddings": 2048, "pad_token_id": 0}),
+    "gemma2": ("Gemma2Config", "Gemma2ForCausalLM", {"head_dim": 16, "sliding_window": 64}),
+    "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM", {"head_dim": 16, "sliding_window": 64}),
+}
+
+
 def _export(recipe: dict, out: Path) -> None:
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+    import transformers
 
     tok = _train_tokenizer(recipe["vocab"])
     out.mkdir(parents=True, exist_ok=True)
@@ -119,12 +135,11 @@ def _export(recipe: dict, out: Path) -> None:
         eos_token_id=tok.token_to_id("<|im_end|>"),
     )
     torch.manual_seed(recipe["seed"])
-    if recipe["arch"] == "llama":
-        model = LlamaForCausalLM(LlamaConfig(**common))
-    elif recipe["arch"] == "qwen2":
-        model = Qwen2ForCausalLM(Qwen2Config(**common))
-    else:
-        raise ModelError(f"tiny models come in llama or qwen2, not {recipe['arch']!r}")
+    if recipe["arch"] not in _ARCHS:
+        raise ModelError(f"tiny models come in {', '.join(_ARCHS)}, not {recipe['arch']!r}")
+    config_class, model_class, extra = _ARCHS[recipe["arch"]]
+    config = getattr(transformers, config_class)(**common, **extra)
+    model = getattr(transformers, model_class)(config)
     with torch.no_grad():  # larger weights than the default init, so distributions are peaked
         for param in model.parameters():
             if param.dim() == 2:
@@ -175,8 +190,10 @@ def build_tiny_model(dest: Path, recipe: dict) -> Path:
         if result.returncode != 0:
             raise ModelError(f"building the tiny model failed:\n{result.stderr[-1500:]}")
         shutil.copy2(hf_dir / "tokenizer.json", out / "tokenizer.json")
+        upgrade_folder(out)
         write_manifest(
             out,
+            prefill_macs_per_token=prefill_macs(out, tok_vocab(hf_dir)),
             name=f"tiny-{recipe['arch']}-s{recipe['seed']}",
             precision="fp32",
             source_sha256="",
@@ -189,6 +206,28 @@ def build_tiny_model(dest: Path, recipe: dict) -> Path:
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return dest
+
+
+def tiny_hf_folder(arch: str, seed: int = 0, vocab: int = 512) -> Path:
+    """Cached Hugging Face folder (safetensors, config, tokenizer) of a tiny model: what a user
+    would bring to `specsteer models add`, one per supported architecture."""
+    recipe = _recipe(arch, seed, vocab)
+    key = hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:12]
+    dest = home() / "test-models" / f"hf-{arch}-s{seed}-{key}"
+    if not (dest / "config.json").exists():
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        work = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
+        try:
+            _export(recipe, work / "hf")
+            install_folder(work / "hf", dest)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+    return dest
+
+
+def tok_vocab(hf_dir: Path) -> int:
+    """The vocabulary size an exported tiny folder's config holds."""
+    return int(json.loads((hf_dir / "config.json").read_text())["vocab_size"])
 
 
 def hf_reference_dir(dest: Path, recipe: dict) -> Path:

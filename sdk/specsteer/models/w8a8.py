@@ -3,13 +3,21 @@
 Why: on a CPU without VNNI (AVX2 only, like the development machine) ONNX Runtime's
 `MatMulNBits` kernels are memory-bound at one token but *compute*-bound at a few: scoring 5
 draft tokens with the int8 Qwen 1.5B costs 2.5 single-token steps, and speculative verification
-lives on multi-token passes. ONNX Runtime's `MatMulInteger` (MLAS u8 x s8 QGEMM) does the same
-multiply ~2x faster at 5 rows. Each linear layer `y = x @ W` becomes
+lives on multi-token passes. ONNX Runtime's integer GEMM (MLAS u8 x s8 QGEMM) does the same
+multiply ~2x faster at 5 rows, and a device's prefill ~2.5x faster (VNNI where the CPU has
+it). Each linear layer `y = x @ W` becomes
 
     W  -> int8 per output channel (symmetric, +-63: see WEIGHT_LEVELS), from the int8 block-32
           or fp32 weights;
-    x  -> uint8 per row (per token, symmetric around 128), quantized inside the graph;
-    y  =  MatMulInteger(x_q, W_q) * row_scale * channel_scale.
+    x  -> uint8 per row (per token, symmetric around 128), quantized inside the graph by one
+          `QuantizeLinear` whose block is the whole row (opset 21's blocked quantization);
+    y  =  MatMulIntegerToFloat(x_q, W_q, channel_scale) * row_scale.
+
+The two fused kernels (`QuantizeLinear`, and ONNX Runtime's `MatMulIntegerToFloat`, which
+scales the integer sums as it writes them) replace seven elementwise passes over activations
+and outputs (Div, Round, Add, Cast in; Cast, Mul out): measured per CPU second on one core,
+one 64-row linear layer runs 7-37 % faster by shape (docs/BENCHMARKS.md, "Prefill at the
+limit"); the integers are the same and the floats differ by rounding order only.
 
 Per-token activation scales matter twice: a single-scale (per-tensor) quantization of a whole
 prompt lets the few "massive activation" tokens flatten every other token (measured: 30 % top-1
@@ -76,7 +84,6 @@ def _nbits_weight(node, arrays: dict[str, np.ndarray]) -> np.ndarray:
 def rewrite(model) -> int:
     """Rewrite `model` (an onnx.ModelProto with its weights loaded) in place; return how many
     linear layers were rewritten. MatMul nodes count only when their weight is a constant."""
-    import onnx
     from onnx import helper, numpy_helper
 
     graph = model.graph
@@ -85,11 +92,14 @@ def rewrite(model) -> int:
     def array(name: str) -> np.ndarray:
         return numpy_helper.to_array(arrays[name])
 
+    if max((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")),
+           default=0) < 21:
+        raise ValueError("w8a8 needs opset 21 or later (blocked QuantizeLinear)")
     consts = {
         "w8a8/axes": np.array([-1], np.int64),
         "w8a8/eps": np.array(EPS, np.float32),
         "w8a8/levels": np.array(ACT_LEVELS, np.float32),
-        "w8a8/zero_f": np.array(ZERO, np.float32),
+        "w8a8/one": np.array(1.0, np.float32),
         "w8a8/zero": np.array(ZERO, np.uint8),
     }
     nodes, dropped, quantized_inputs, count = [], set(), {}, 0
@@ -119,19 +129,19 @@ def rewrite(model) -> int:
                 helper.make_node("ReduceMax", [q + "/abs", "w8a8/axes"], [q + "/max"], keepdims=1),
                 helper.make_node("Max", [q + "/max", "w8a8/eps"], [q + "/max_eps"]),
                 helper.make_node("Div", [q + "/max_eps", "w8a8/levels"], [q + "/scale"]),
-                helper.make_node("Div", [x, q + "/scale"], [q + "/scaled"]),
-                helper.make_node("Round", [q + "/scaled"], [q + "/rounded"]),
-                helper.make_node("Add", [q + "/rounded", "w8a8/zero_f"], [q + "/shifted"]),
-                helper.make_node("Cast", [q + "/shifted"], [q + "/u8"], to=onnx.TensorProto.UINT8),
+                # zero points in the scales' shape (one per row), as blocked quantization wants
+                helper.make_node("Shape", [q + "/scale"], [q + "/rows"]),
+                helper.make_node("Expand", ["w8a8/zero", q + "/rows"], [q + "/zero"]),
+                helper.make_node("QuantizeLinear", [x, q + "/scale", q + "/zero"], [q + "/u8"],
+                                 axis=-1, block_size=weight.shape[0]),
             ]
             quantized_inputs[x] = (q + "/u8", q + "/scale")
         x_q, x_scale = quantized_inputs[x]
-        acc, accf, rows = prefix + "/acc", prefix + "/accf", prefix + "/rows"
         nodes += [
-            helper.make_node("MatMulInteger", [x_q, prefix + "/weight", "w8a8/zero"], [acc]),
-            helper.make_node("Cast", [acc], [accf], to=onnx.TensorProto.FLOAT),
-            helper.make_node("Mul", [accf, x_scale], [rows]),
-            helper.make_node("Mul", [rows, prefix + "/scale"], list(node.output)),
+            helper.make_node("MatMulIntegerToFloat",
+                             [x_q, prefix + "/weight", "w8a8/one", prefix + "/scale", "w8a8/zero"],
+                             [prefix + "/cols"], domain="com.microsoft"),
+            helper.make_node("Mul", [prefix + "/cols", x_scale], list(node.output)),
         ]
         count += 1
     if not count:

@@ -2,12 +2,15 @@
 
 - `onnx` (ONNX Runtime GenAI): `load_model`, what the eval harness and the companion's
   single-session verifier use.
+- `ort_device` (raw ONNX Runtime): `load_device_model`, the Client's Specialist: one session
+  a pass, as compiled (no `onnx` package), chosen for the device because its pass releases
+  Python's GIL (a warm start's prefill does not hold up the Generalist's tokens, nor a UI
+  thread its cancel) and a cancel stops it mid-pass, so the device's prefill runs fixed-size
+  passes (the same float rounding on every CPU) and still stops within milliseconds; its KV
+  cache stays in place between passes, and a prefill pass computes the output layer for its
+  last position only.
 - `ort_batched` (raw ONNX Runtime): sessions that share one forward pass (the batching
-  companion, `load_batched_model`), and `load_device_model`, the Client's Specialist: one
-  session a pass, as compiled (no `onnx` package), chosen for the device because its pass
-  releases Python's GIL (a warm start's prefill does not hold up the Generalist's tokens, nor
-  a UI thread its cancel) and a cancel stops it mid-pass, so the device's prefill runs
-  fixed-size passes (the same float rounding on every CPU) and still stops within milliseconds.
+  companion, `load_batched_model`).
 
 An MLC-LLM backend would be a sibling module implementing `LanguageModel`/`Session`; PyPI's
 `mlc-llm-*` packages are placeholders today, so none is shipped.
@@ -15,27 +18,9 @@ An MLC-LLM backend would be a sibling module implementing `LanguageModel`/`Sessi
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from specsteer.runtime.base import CancellableSession, LanguageModel, Session
-from specsteer.runtime.folder import resolve_folder
-from specsteer.runtime.onnx import OnnxModel, load_model, resolve_threads
-from specsteer.runtime.ort_batched import BatchedModel
+from specsteer.runtime.onnx import OnnxModel, load_model
+from specsteer.runtime.ort_device import DeviceModel, load_device_model
 
-__all__ = ["CancellableSession", "LanguageModel", "OnnxModel", "Session", "load_device_model",
-           "load_model"]
-
-
-def load_device_model(
-    name_or_folder: str | Path,
-    *,
-    precision: str | None = None,
-    threads: int | None = None,
-    verify: bool = False,
-) -> BatchedModel:
-    """The Specialist as a device runs it: raw ONNX Runtime, cancellable passes.
-
-    threads: intra-op threads; None = every core this process may use.
-    """
-    return BatchedModel(resolve_folder(name_or_folder, precision),
-                        threads=resolve_threads(threads), verify=verify, batchable=False)
+__all__ = ["CancellableSession", "DeviceModel", "LanguageModel", "OnnxModel", "Session",
+           "load_device_model", "load_model"]

@@ -42,18 +42,21 @@ class Session(Protocol):
 
 @runtime_checkable
 class CancellableSession(Session, Protocol):
-    """A session whose pass a cancel stops mid-way (raw ONNX Runtime's terminate flag), and
-    whose pass releases Python's GIL.
+    """A session whose pass a cancel stops mid-way (raw ONNX Runtime's terminate flag), whose
+    pass releases Python's GIL, and that computes the logits of the rows asked for only.
 
     A prefill on such a session runs fixed-size passes, the same whatever the CPU's speed, and
     still stops within milliseconds; a session without it is cancelled between passes only.
-    Its prefill can run on a thread beside the network's without holding it up.
+    Its prefill can run on a thread beside the network's without holding it up, and asks for
+    its last row alone (the output layer is the largest matrix of a small model).
     """
 
     def append_cancellable(
-        self, ids: Sequence[int], cancel: Sequence[threading.Event | None]
+        self, ids: Sequence[int], cancel: Sequence[threading.Event | None],
+        rows: int | None = None,
     ) -> np.ndarray:
-        """`append`, or `GenerationCancelled` once any event is set, the session unchanged."""
+        """`append` (logits of the last `rows` positions only, None: all), or
+        `GenerationCancelled` once any event is set, the session unchanged."""
         ...
 
 

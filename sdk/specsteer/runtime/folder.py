@@ -105,17 +105,20 @@ def check_rewind(length: int, held: int) -> None:
         raise SessionError(f"cannot rewind to {length}: session holds {held} tokens")
 
 
-def resolve_folder(name_or_folder: str | Path, precision: str | None) -> Path:
-    """A compiled folder by path, or a registry model's folder at `precision` (its default)."""
+def resolve_folder(name_or_folder: str | Path, precision: str | None, *,
+                   device: bool = False) -> Path:
+    """A compiled folder by path, or a registry model's folder at `precision` (default: its
+    own; `device`: the one a device runs it at, `ModelSpec.device_default`)."""
     path = Path(name_or_folder)
     if path.is_dir():
         return path
     spec = get_spec(str(name_or_folder))
-    folder = compiled_dir(spec, precision or spec.default_precision)
+    precision = precision or (spec.device_default if device else spec.default_precision)
+    folder = compiled_dir(spec, precision)
     if not folder.exists():
         raise ModelNotCompiled(
-            f"{spec.name} is not compiled at {precision or spec.default_precision}; run "
-            f"`specsteer models fetch {spec.name} && specsteer models compile {spec.name}`"
+            f"{spec.name} is not compiled at {precision}; run `specsteer models fetch "
+            f"{spec.name} && specsteer models compile {spec.name} --precision {precision}`"
         )
     return folder
 

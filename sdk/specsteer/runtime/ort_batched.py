@@ -26,28 +26,27 @@ logits equal what the session would get alone, and what ONNX Runtime GenAI gives
 models and Qwen2.5 0.5B int8: bit for bit). Rewind is an index move: positions after `length`
 are overwritten by the next append. A session's cache grows by doubling up to its max_length.
 Needs onnxruntime with GroupQueryAttention's query_seqlens input, and the onnx package (to wire
-it), both part of the companion's dependencies.
+it), both part of the companion's dependencies. The device runs one session a pass on a runtime
+of its own (`ort_device`: a KV cache shared between passes, cancellable passes).
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
-import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
 
-from specsteer.errors import CorruptModelError, GenerationCancelled, ModelError, SessionError
-from specsteer.runtime.folder import FolderModel, check_ids, check_rewind, resolve_folder
+from specsteer.errors import CorruptModelError, ModelError, SessionError
+from specsteer.runtime.folder import check_ids, resolve_folder
+from specsteer.runtime.ort_graph import CachedSession, OrtGraphModel
 
 QUERY_SEQLENS = "query_seqlens"
 _QUERY_SEQLENS_SLOT = 16  # GroupQueryAttention's optional input: valid new tokens per row
-_DTYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16}
 _MIN_CAPACITY = 64
-_CANCEL_POLL_S = 0.005  # how often a pass that can be cancelled looks at its events
 
 
 @functools.cache
@@ -90,19 +89,13 @@ def _batchable_graph(path: Path) -> bytes:
     return model.SerializeToString()
 
 
-class BatchedSession:
+class BatchedSession(CachedSession):
     """One sequence whose KV cache is a numpy array [layers, 2 (key, value), heads, cap, head]."""
 
     def __init__(self, model: BatchedModel, max_length: int) -> None:
+        super().__init__(max_length)
         self._model = model
-        self.max_length = max_length
-        self._length = 0
         self._kv: np.ndarray | None = model._empty_cache(0)
-        self._lock = threading.Lock()  # held while a pass reads or writes this cache
-
-    @property
-    def length(self) -> int:
-        return self._length
 
     @property
     def closed(self) -> bool:
@@ -123,18 +116,6 @@ class BatchedSession:
         """Append ids; [len(ids), vocab] float32 logits (a batch of one)."""
         return self._model.append_batch([(self, ids)])[0]
 
-    def append_cancellable(
-        self, ids: Sequence[int], cancel: Sequence[threading.Event | None]
-    ) -> np.ndarray:
-        """`append`, stopped mid-pass once any `cancel` event is set: raises
-        `GenerationCancelled` within milliseconds and the session is left as it was."""
-        return self._model.append_batch([(self, ids)], cancel=cancel)[0]
-
-    def rewind(self, length: int) -> None:
-        with self._lock:
-            check_rewind(length, self._length)
-            self._length = length
-
     def close(self) -> None:
         with self._lock:  # waits for a pass that holds this session
             self._kv = None
@@ -153,58 +134,11 @@ class BatchedSession:
         return kv
 
 
-class BatchedModel(FolderModel):
-    """A compiled folder in a raw `onnxruntime.InferenceSession`; sessions batch into one run.
+class BatchedModel(OrtGraphModel):
+    """A compiled folder in a raw `onnxruntime.InferenceSession`; sessions batch into one run."""
 
-    batchable=False: the graph as compiled (no `onnx` package, no `query_seqlens`), one session
-    per pass: the device's runtime (`load_device_model`), for what raw ONNX Runtime gives and
-    GenAI does not: a pass that releases Python's GIL and that a cancel stops mid-way.
-    """
-
-    def __init__(self, folder: str | Path, *, threads: int = 1, verify: bool = False,
-                 batchable: bool = True) -> None:
-        super().__init__(folder, verify=verify)
-        info = self.info
-        self.threads = threads
-        self.batchable = batchable
-        decoder = info.genai["decoder"]
-        options = ort.SessionOptions()
-        options.intra_op_num_threads = threads
-        options.inter_op_num_threads = 1
-        options.log_severity_level = 3
-        options.add_session_config_entry(
-            "session.model_external_initializers_file_folder_path", str(self.folder)
-        )
-        path = self.folder / decoder.get("filename", "model.onnx")
-        graph: bytes | str = _batchable_graph(path) if batchable else str(path)
-        try:
-            self._ort = ort.InferenceSession(graph, options, providers=["CPUExecutionProvider"])
-        except Exception as exc:  # onnxruntime raises its own Fail/InvalidGraph types
-            raise info.load_error(exc) from exc
-        names = decoder["inputs"]
-        self._layers = int(decoder["num_hidden_layers"])
-        self._input_ids = names["input_ids"]
-        self._mask = names["attention_mask"]
-        self._past = [
-            (names["past_key_names"] % i, names["past_value_names"] % i)
-            for i in range(self._layers)
-        ]
-        outs = decoder["outputs"]
-        self._outputs = [outs["logits"]] + [
-            name
-            for i in range(self._layers)
-            for name in (outs["present_key_names"] % i, outs["present_value_names"] % i)
-        ]
-        inputs = {i.name: i for i in self._ort.get_inputs()}
-        past_key = inputs[self._past[0][0]]
-        self._kv_dtype = _DTYPES[past_key.type]
-        self._kv_heads = int(past_key.shape[1])
-        self._head_size = int(decoder["head_size"])
-        self._ids_dtype = np.int32 if inputs[self._input_ids].type == "tensor(int32)" else np.int64
-        self._mask_dtype = np.int32 if inputs[self._mask].type == "tensor(int32)" else np.int64
-        self._pad_id = int(info.genai.get("pad_token_id", 0) or 0)
-        if not 0 <= self._pad_id < self.vocab_size:
-            self._pad_id = 0
+    def _graph(self, path: Path) -> bytes:
+        return _batchable_graph(path)
 
     def new_session(self, max_length: int | None = None) -> BatchedSession:
         """An empty session; `max_length` bounds its KV cache (default 4096, at most the window)."""
@@ -215,10 +149,7 @@ class BatchedModel(FolderModel):
         return np.empty(shape, self._kv_dtype)
 
     def append_batch(
-        self,
-        requests: Sequence[tuple[BatchedSession, Sequence[int]]],
-        *,
-        cancel: Sequence[threading.Event | None] = (),
+        self, requests: Sequence[tuple[BatchedSession, Sequence[int]]]
     ) -> list[np.ndarray]:
         """Append each request's ids to its session; one [len(ids), vocab] array per request.
 
@@ -229,25 +160,20 @@ class BatchedModel(FolderModel):
         every row equals what the same session would get alone (and from GenAI). A longer row
         whose padding would reach past the context window runs alone. Any invalid request
         (closed session, bad ids, over max_length, a session twice) raises SessionError
-        before any model work. A set `cancel` event stops the pass in flight (ONNX Runtime's
-        terminate flag, checked between graph nodes): `GenerationCancelled`, and no session
-        of the pass changes.
+        before any model work.
         """
         if not requests:
             return []
         sessions = [session for session, _ in requests]
         if len({id(s) for s in sessions}) != len(sessions):
             raise SessionError("a session can appear only once in a batch")
-        if len(sessions) > 1 and not self.batchable:
-            raise SessionError("this model was loaded with batchable=False: one session a pass")
         with contextlib.ExitStack() as held:
             for session in sorted(sessions, key=id):  # one global order: no deadlock
                 held.enter_context(session._lock)
             rows = [(session, session.check(ids)) for session, ids in requests]
             out: list[np.ndarray] = [np.empty(0, np.float32)] * len(rows)
             for group in self._groups(rows):
-                with _terminated_by(cancel) as options:
-                    results = self._run([rows[i] for i in group], options)
+                results = self._run([rows[i] for i in group])
                 for i, logits in zip(group, results, strict=True):
                     out[i] = logits
             return out
@@ -261,8 +187,7 @@ class BatchedModel(FolderModel):
         alone = [[i] for i in longer if i not in fit]
         return [g for g in (singles, fit) if g] + alone
 
-    def _run(self, rows: list[tuple[BatchedSession, np.ndarray]],
-             options: ort.RunOptions | None = None) -> list[np.ndarray]:
+    def _run(self, rows: list[tuple[BatchedSession, np.ndarray]]) -> list[np.ndarray]:
         """One forward pass over `rows` (validated, locked); see the module docstring."""
         b = len(rows)
         width = max(tokens.size for _, tokens in rows)
@@ -278,13 +203,12 @@ class BatchedModel(FolderModel):
             if pasts[r]:
                 assert session._kv is not None
                 kv[:, :, r, :, : pasts[r]] = session._kv[:, :, :, : pasts[r]]
-        feeds = {self._input_ids: ids, self._mask: mask}
-        if self.batchable:
-            feeds[QUERY_SEQLENS] = counts
+        feeds = {self._input_ids: ids, self._mask: mask, QUERY_SEQLENS: counts}
         for layer, (key, value) in enumerate(self._past):
             feeds[key] = kv[layer, 0]
             feeds[value] = kv[layer, 1]
-        logits, *present = self._ort.run(self._outputs, feeds, options)
+        outputs = [self._logits, *(name for pair in self._present for name in pair)]
+        logits, *present = self._ort.run(outputs, feeds)
         results = []
         for r, (session, tokens) in enumerate(rows):
             start, n = pasts[r], tokens.size
@@ -307,46 +231,13 @@ class BatchedModel(FolderModel):
         return np.empty(shape, self._kv_dtype)
 
 
-@contextlib.contextmanager
-def _terminated_by(cancel: Sequence[threading.Event | None]) -> Iterator[ort.RunOptions | None]:
-    """RunOptions whose terminate flag a watcher thread raises once any event is set; a run
-    it stopped comes out as `GenerationCancelled` (ONNX Runtime raises a bare Fail)."""
-    events = [event for event in cancel if event is not None]
-    if not events:
-        yield None
-        return
-    if any(event.is_set() for event in events):
-        raise GenerationCancelled("cancelled before the pass")
-    options = ort.RunOptions()
-    done = threading.Event()
-
-    def watch() -> None:
-        while not done.wait(_CANCEL_POLL_S):
-            if any(event.is_set() for event in events):
-                options.terminate = True
-                return
-
-    watcher = threading.Thread(target=watch, name="specsteer-pass-cancel", daemon=True)
-    watcher.start()
-    try:
-        yield options
-    except Exception as exc:
-        if options.terminate:
-            raise GenerationCancelled("cancelled during the pass") from exc
-        raise
-    finally:
-        done.set()
-        watcher.join()
-
-
 def load_batched_model(
     name_or_folder: str | Path,
     *,
     precision: str | None = None,
     threads: int = 1,
     verify: bool = False,
-    batchable: bool = True,
 ) -> BatchedModel:
     """Like `load_model`, on raw ONNX Runtime with batchable sessions (a batching companion)."""
     return BatchedModel(resolve_folder(name_or_folder, precision), threads=threads,
-                        verify=verify, batchable=batchable)
+                        verify=verify)

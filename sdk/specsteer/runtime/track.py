@@ -29,9 +29,12 @@ from specsteer.runtime.base import CancellableSession, LanguageModel, Session
 
 PREFILL_CHUNK = 128  # tokens per prefill pass (unpaced), and the most a paced pass runs
 # tokens per pass of a prefill that a cancel stops mid-pass (`CancellableSession`): a
-# terminate is checked between graph nodes, and the output layer is one node computing every
-# position's logits (Qwen2.5-0.5B: 128 x 151,936 x 896 = 17 G multiply-adds, 0.16-0.23 s on
-# one core here), so its size bounds a cancel; 64-token passes cost ~3 % of the throughput
+# terminate is checked between graph nodes, so the longest node bounds a cancel. That was the
+# output layer over every position (Qwen2.5-0.5B: 128 x 151,936 x 896 = 17 G multiply-adds,
+# 0.16-0.23 s on one core); a prefill pass now computes it for its last row alone, and larger
+# passes gain little (w8a8, one core, per CPU second: 205 tokens/s at 64, 210 at 128, 222 at
+# 256; docs/BENCHMARKS.md "Prefill at the limit"), so the passes stay 64 tokens, the same
+# float rounding as before
 STOPPABLE_CHUNK = 64
 PACED_CHUNK_S = 0.1  # seconds a paced pass aims at: a cancel may take 200 ms in all
 # tokens of a paced pass before any rate is known, and the fewest it runs: small passes cost
@@ -135,23 +138,28 @@ class Track:
         Raises `GenerationCancelled` at a chunk boundary once any `cancel` event is set; the
         chunks already run stay in the session and `prefill` resumes from there.
         """
-        stoppable = isinstance(self.session, CancellableSession) and any(
-            event is not None for event in cancel)
+        cancellable = isinstance(self.session, CancellableSession)
+        stoppable = cancellable and any(event is not None for event in cancel)
         while self._pending:
             if any(event is not None and event.is_set() for event in cancel):
                 raise GenerationCancelled("prefill cancelled")
             if stoppable:  # a cancel lands mid-pass: fixed passes, sized by no clock
                 part = self._pending[: min(self.chunk, STOPPABLE_CHUNK)]
-                rows = self.session.append_cancellable(part, cancel)  # type: ignore[attr-defined]
-                self._set_row(rows[-1])
+                self._set_row(self._last_row(part, cancel))
             else:
                 part = self._pending[: self.pace.size() if self.pace is not None else self.chunk]
                 started = time.perf_counter()
-                self._set_row(self.session.append(part)[-1])
+                self._set_row(self._last_row(part) if cancellable
+                              else self.session.append(part)[-1])
                 if self.pace is not None:
                     self.pace.observe(len(part), time.perf_counter() - started)
             self._pending = self._pending[len(part):]
         self._pending = None
+
+    def _last_row(self, ids: Sequence[int], cancel: Sequence[threading.Event | None] = ()
+                  ) -> np.ndarray:
+        """Append `ids` to a `CancellableSession`: the logits of the last position only."""
+        return self.session.append_cancellable(ids, cancel, rows=1)[-1]  # type: ignore[attr-defined]
 
     def retarget(self, held: Sequence[int], prompt: Sequence[int]) -> int:
         """Hold `prompt` (pending, run by the next `prefill`), keeping the longest prefix it
@@ -213,7 +221,9 @@ class Track:
         self._pending = None
         keep = min(self.session.length, len(sequence) - 1)
         self.session.rewind(keep)
-        self._set_row(self.session.append(list(sequence[keep:]))[-1])
+        rest = list(sequence[keep:])
+        self._set_row(self._last_row(rest) if isinstance(self.session, CancellableSession)
+                      else self.session.append(rest)[-1])
 
     def close(self) -> None:
         self.session.close()

@@ -248,6 +248,10 @@ export interface GenerationStats {
    */
   drafted_ahead?: number;
   switch_s?: number | null;
+  /**
+   * seconds from the start until the companion held the session (hello, its prefill of the public prompt); a cold start's private prefill runs beside it
+   */
+  session_ready_s?: number | null;
   cancelled?: boolean;
   /**
    * loop_end_ngram ended a looping text at a sentence end
