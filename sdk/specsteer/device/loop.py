@@ -24,7 +24,12 @@ from specsteer.device.leak_guard import LeakGuard, LeakHeld
 from specsteer.device.offline import LINK_ERRORS, ModeChange, OfflinePolicy, Reconnector
 from specsteer.device.rounds import MODES, collaborate
 from specsteer.device.warm import BackgroundPrefill, estimated_prefill_s
-from specsteer.errors import CompanionTimedOut, CompanionUnavailable, GenerationCancelled
+from specsteer.errors import (
+    CompanionRefused,
+    CompanionTimedOut,
+    CompanionUnavailable,
+    GenerationCancelled,
+)
 from specsteer.link import CompanionLink
 from specsteer.meta_answers import phrase_ids
 from specsteer.runtime.base import LanguageModel
@@ -178,6 +183,8 @@ class _Generation:
                     link = self.links.connect()
                     self._hold_link(link)
                 self._collaborate(link, warm=warm)
+            except CompanionRefused:  # a configuration mistake, not "offline"
+                raise
             except LINK_ERRORS as exc:
                 self._end_warm_start()
                 self._drop_ahead()
@@ -195,6 +202,8 @@ class _Generation:
                 except LeakHeld as held:
                     self._hold(str(held))
                     continue
+                except CompanionRefused:
+                    raise
                 except LINK_ERRORS as exc:
                     self._drop_remote()
                     self._end_warm_start()
@@ -285,6 +294,8 @@ class _Generation:
         self.may_resync = False
         try:
             link = self.links.connect()
+        except CompanionRefused:
+            raise
         except LINK_ERRORS:
             return False
         if self._discloses(self.out):
