@@ -8,10 +8,13 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from apps_helpers import REPO
+from ci import skip_or_fail
 
 from specsteer.models.tiny import tiny_model_dir
 from specsteer_companion.process import start_companion
@@ -54,3 +57,14 @@ def companion_behind_proxy() -> Iterator[ProxyThread]:
     finally:
         proc.terminate()
         proc.wait(10)
+
+
+@pytest.fixture(scope="module")
+def node_client_built() -> None:
+    node = shutil.which("node")
+    if node is None or shutil.which("npm") is None:
+        skip_or_fail("node/npm not found")
+    folder = REPO / "bindings" / "node"
+    for cmd in (["npm", "ci", "--no-audit", "--no-fund", "--loglevel=error"],
+                ["npm", "run", "build", "--silent"]):
+        subprocess.run(cmd, cwd=folder, check=True, capture_output=True, timeout=300)
