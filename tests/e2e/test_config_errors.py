@@ -260,3 +260,67 @@ def test_a_companion_that_is_not_there_follows_the_policy(tiny_model, store) -> 
                      offline=OfflinePolicy("wait", 0.3, first_retry_s=0.05))
     with pytest.raises(CompanionUnavailable, match="no companion within 0.3 s"):
         waiting.generate(SUBJECT, max_new_tokens=6)
+
+
+class _RevokedAfter:
+    """An in-process companion that revokes the device's token after `frames` answers (what
+    `serve` sends a live connection whose token was just revoked)."""
+
+    def __init__(self, inner: LocalChannel, frames: int) -> None:
+        self.inner, self.left = inner, frames
+
+    def send(self, frame: bytes) -> None:
+        self.inner.send(frame)
+
+    def recv(self, timeout: float) -> bytes:
+        self.left -= 1
+        if self.left < 0:
+            return protocol.encode(protocol.Error(protocol.ErrorCode.AUTH_FAILED,
+                                                  "device token revoked"))
+        return self.inner.recv(timeout)
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+def test_a_token_revoked_mid_generation_ends_it_in_every_offline_mode(
+        tiny_model, tiny_generalist, store) -> None:
+    """The text so far was streamed; then `CompanionAuthError`, not local-only text."""
+    verifier = Verifier(tiny_generalist, tiny_model)
+    for mode in MODES:
+        connect = _Counted(lambda: _RevokedAfter(LocalChannel.for_verifier(verifier), 6))
+        client = Client(tiny_model, history=store, companion=connect, offline=mode)
+        pieces = []
+        with pytest.raises(CompanionAuthError, match="revoked"):
+            for piece in client.stream(SUBJECT, max_new_tokens=200, k=2):
+                pieces.append(piece)
+        assert pieces and {p.provenance for p in pieces} <= {"draft", "recovered", "bonus"}
+        assert connect.calls == 1, mode  # no resync, no probe
+
+
+class _DownThenRefusing:
+    """A companion that is not there at first, then comes back refusing every token."""
+
+    def __init__(self, verifier: Verifier, down: int) -> None:
+        self.verifier, self.down, self.calls = verifier, down, 0
+
+    def __call__(self) -> LocalChannel:
+        self.calls += 1
+        if self.calls <= self.down:
+            raise CompanionUnavailable("connection refused")
+        return LocalChannel.for_verifier(self.verifier, authenticate=lambda token: None)
+
+
+@pytest.mark.parametrize("mode", ["wait(30)", "degrade"])
+def test_a_companion_that_comes_back_refusing_ends_the_wait_or_the_local_writing(
+        tiny_model, tiny_generalist, store, mode) -> None:
+    """Not there: the policy waits or writes locally; back but refusing the token: raised at
+    the first answer (a wait of 30 s is not spent retrying, local writing does not go on)."""
+    connect = _DownThenRefusing(Verifier(tiny_generalist, tiny_model), down=1)
+    policy = OfflinePolicy.parse(mode)
+    client = Client(tiny_model, history=store, companion=connect,
+                    offline=OfflinePolicy(policy.mode, policy.wait_s, first_retry_s=0.01,
+                                          max_retry_s=0.01))
+    with pytest.raises(CompanionAuthError):  # no end-of-text before 4000 local tokens
+        client.generate(SUBJECT, max_new_tokens=4000, min_new_tokens=4000, user_length=False)
+    assert connect.calls == 2
