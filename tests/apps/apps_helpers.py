@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -23,6 +25,21 @@ def start_app(cmd: list[str], ready: str, env: dict[str, str] | None = None,
             url = next(word for word in line.split() if word.startswith("http://"))
             return proc, url
     raise AssertionError(f"the app did not start: {''.join(seen)[-2000:]}")
+
+
+@contextlib.contextmanager
+def companion_behind_proxy(generalist: str, specialist: str, timeout_s: float) -> Iterator:
+    """A real companion process behind a fault proxy (`set_online` takes it away)."""
+    from specsteer_companion.process import start_companion
+    from specsteer_companion.proxy import Faults, ProxyThread
+
+    proc, url = start_companion(generalist, specialist, timeout_s=timeout_s)
+    try:
+        with ProxyThread(url, Faults(delay_s=0.01)) as proxy:
+            yield proxy
+    finally:
+        proc.terminate()
+        proc.wait(30)
 
 
 def python_app(script: str, *args: str) -> list[str]:

@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 from apps_helpers import REPO
+from apps_helpers import companion_behind_proxy as proxied
 from ci import skip_or_fail
 
 from specsteer.models.tiny import tiny_model_dir
-from specsteer_companion.process import start_companion
-from specsteer_companion.proxy import Faults, ProxyThread
+from specsteer_companion.proxy import ProxyThread
 
 CHROMIUM = os.environ.get("SPECSTEER_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
 
@@ -49,14 +49,9 @@ def browser() -> Iterator[object]:
 @pytest.fixture()
 def companion_behind_proxy() -> Iterator[ProxyThread]:
     """A real tiny companion process behind a fault proxy (the switch takes it away)."""
-    proc, url = start_companion(str(tiny_model_dir("llama", seed=1)),
-                                str(tiny_model_dir("llama", seed=0)), timeout_s=120)
-    try:
-        with ProxyThread(url, Faults(delay_s=0.01)) as proxy:
-            yield proxy
-    finally:
-        proc.terminate()
-        proc.wait(10)
+    with proxied(str(tiny_model_dir("llama", seed=1)), str(tiny_model_dir("llama", seed=0)),
+                 timeout_s=120) as proxy:
+        yield proxy
 
 
 @pytest.fixture(scope="module")

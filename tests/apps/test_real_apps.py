@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 from apps_helpers import REPO, check_widths, public_request, python_app, screenshot, start_app
+from apps_helpers import companion_behind_proxy as proxied
 from ci import skip_or_fail
 
-from specsteer_companion.process import start_companion
-from specsteer_companion.proxy import Faults, ProxyThread
+from specsteer_companion.proxy import ProxyThread
 
 pytestmark = pytest.mark.real_model
 
@@ -45,13 +45,8 @@ def real_pair() -> tuple[str, str]:
 
 @pytest.fixture()
 def companion_behind_proxy(real_pair) -> Iterator[ProxyThread]:
-    proc, url = start_companion(real_pair[1], real_pair[0], timeout_s=600)
-    try:
-        with ProxyThread(url, Faults(delay_s=0.01)) as proxy:
-            yield proxy
-    finally:
-        proc.terminate()
-        proc.wait(30)
+    with proxied(real_pair[1], real_pair[0], timeout_s=600) as proxy:
+        yield proxy
 
 
 def _tokens(page) -> tuple[str, set[str]]:

@@ -2,41 +2,29 @@
 // what Electron apps commonly use; nobody here wrote them): text, streamed text, usage, and
 // errors, against a real bridge started by SpecSteerClient and a real companion (tiny models).
 import assert from "node:assert/strict";
-import { mkdtempSync, readFileSync, rmSync } from "node:fs";
-import { tmpdir } from "node:os";
-import { join } from "node:path";
 import { after, before, test } from "node:test";
 
 import { createOpenAICompatible } from "@ai-sdk/openai-compatible";
 import { APICallError, generateText, streamText } from "ai";
 
 import { SpecSteerClient } from "../dist/index.js";
-import { clientOptions, startCompanion } from "./helpers.mjs";
+import { startHttpBridge } from "./helpers.mjs";
 
 const PROMPT = "Budget for the next quarter";
-let companion;
+let served;
 let bridge;
 let provider;
-let tokenDir;
 let requests = 0; // every HTTP request the SDK made (its retries included)
 
 before(async () => {
-  companion = await startCompanion();
-  tokenDir = mkdtempSync(join(tmpdir(), "specsteer-ai-sdk-"));
-  const tokenFile = join(tokenDir, "token");
-  bridge = await SpecSteerClient.start(clientOptions("--companion", companion.url,
-    "--http", "127.0.0.1:0", "--http-token-file", tokenFile));
+  served = await startHttpBridge(SpecSteerClient);
+  bridge = served.bridge;
   provider = createOpenAICompatible({
-    name: "specsteer", baseURL: bridge.info.http, includeUsage: true,
-    apiKey: readFileSync(tokenFile, "utf8").trim(),
+    name: "specsteer", baseURL: bridge.info.http, includeUsage: true, apiKey: served.token,
     fetch: (...args) => { requests += 1; return fetch(...args); },
   });
 });
-after(async () => {
-  await bridge?.close();
-  await companion?.kill();
-  if (tokenDir) rmSync(tokenDir, { recursive: true, force: true });
-});
+after(async () => { await served?.close(); });
 
 test("generateText and streamText write the same text, with usage", async () => {
   const model = provider.chatModel(bridge.info.specialist);

@@ -1,38 +1,28 @@
 // `specsteer bridge --http` driven by the official `openai` npm client (which nobody here wrote):
 // a real bridge, started by SpecSteerClient with --http, and a real companion (tiny models).
 import assert from "node:assert/strict";
-import { mkdtempSync, readFileSync, rmSync, statSync } from "node:fs";
-import { tmpdir } from "node:os";
-import { join } from "node:path";
+import { statSync } from "node:fs";
 import { after, before, test } from "node:test";
 
 import OpenAI from "openai";
 
 import { SpecSteerClient } from "../dist/index.js";
-import { clientOptions, startCompanion } from "./helpers.mjs";
+import { startHttpBridge } from "./helpers.mjs";
 
 const MESSAGES = [{ role: "user", content: "Budget for the next quarter" }];
+let served;
 let companion;
 let bridge;
 let openai;
-let tokenDir;
 
 before(async () => {
-  companion = await startCompanion();
-  tokenDir = mkdtempSync(join(tmpdir(), "specsteer-http-"));
-  const tokenFile = join(tokenDir, "token");
-  bridge = await SpecSteerClient.start(clientOptions("--companion", companion.url,
-    "--http", "127.0.0.1:0", "--http-token-file", tokenFile));
+  served = await startHttpBridge(SpecSteerClient);
+  ({ companion, bridge } = served);
   assert.match(bridge.info.http, /^http:\/\/127\.0\.0\.1:\d+\/v1$/);
-  assert.equal(statSync(tokenFile).mode & 0o077, 0); // created owner-only
-  openai = new OpenAI({ baseURL: bridge.info.http, apiKey: readFileSync(tokenFile, "utf8").trim(),
-    maxRetries: 0 });
+  assert.equal(statSync(served.tokenFile).mode & 0o077, 0); // created owner-only
+  openai = new OpenAI({ baseURL: bridge.info.http, apiKey: served.token, maxRetries: 0 });
 });
-after(async () => {
-  await bridge?.close();
-  await companion?.kill();
-  if (tokenDir) rmSync(tokenDir, { recursive: true, force: true });
-});
+after(async () => { await served?.close(); });
 
 /** The bridge's status once `done(status)`; fails after 30 s. */
 async function statusOnce(done) {
