@@ -185,3 +185,20 @@ def test_the_error_schema_lists_every_code() -> None:
     schema = json.loads((SCHEMA_DIR / "error.json").read_text(encoding="utf-8"))
     assert schema["codes"] == {reason: code for code, reason in CODES.items()}
     assert schema["$defs"]["reason"]["enum"] == list(CODES.values())
+
+
+def test_only_a_refusal_no_retry_fixes_tells_the_client_not_to_retry() -> None:
+    """A companion that refuses the bridge's token or models: `x-should-retry: false`; one at its
+    session limit (it may free a session) leaves the client's retries alone."""
+    from specsteer.bridge.errors import from_exception
+    from specsteer.bridge.openai_api import bridge_error
+    from specsteer.errors import CompanionAuthError, CompanionError, CompanionTLSError
+
+    for refusal in (CompanionAuthError(9, "unknown or revoked device token"),
+                    CompanionTLSError("certificate verify failed")):
+        error = from_exception(refusal)
+        assert error.data == {"reason": "companion_error", "refused": True}
+        assert (bridge_error(error).status, bridge_error(error).retry) == (502, False)
+    full = from_exception(CompanionError(13, "the companion holds as many sessions as it can"))
+    assert "refused" not in full.data
+    assert (bridge_error(full).status, bridge_error(full).retry) == (502, None)

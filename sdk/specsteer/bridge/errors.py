@@ -108,6 +108,7 @@ def from_exception(exc: BaseException) -> BridgeError:
     if isinstance(exc, BridgeError):
         return exc
     for kind, code in _SDK_CODES:
-        if isinstance(exc, kind):
-            return BridgeError(code, str(exc))
+        if isinstance(exc, kind):  # `refused`: no retry fixes it (token, models, version, TLS)
+            return BridgeError(code, str(exc), **({"refused": True}
+                                                  if isinstance(exc, CompanionRefused) else {}))
     return BridgeError(INTERNAL_ERROR, f"{type(exc).__name__}: {exc}")

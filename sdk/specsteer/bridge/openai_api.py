@@ -183,8 +183,7 @@ _ANSWERS: dict[str, tuple[int, str, str | None, str | None, bool | None]] = {
                         None),
     "busy": (429, "rate_limit_error", None, None, None),
     "companion_unavailable": (503, "server_error", None, None, None),
-    # a companion that refuses this device (token, models, version): no retry fixes it
-    "companion_error": (502, "server_error", None, None, False),
+    "companion_error": (502, "server_error", None, None, None),
     "history_locked": (503, "server_error", None, None, None),
 }
 
@@ -195,6 +194,8 @@ def bridge_error(error: BridgeError) -> OpenAIError:
     reason = error.data["reason"]
     status, kind, code, param, retry = _ANSWERS.get(reason, (500, "server_error", None, None,
                                                              None))
+    if error.data.get("refused"):  # the companion refuses the bridge: no retry fixes it
+        retry = False
     return OpenAIError(status, str(error), code or reason, param=param, kind=kind, retry=retry)
 
 
