@@ -23,6 +23,26 @@ from specsteer_companion.proxy import ProxyThread
 CHROMIUM = os.environ.get("SPECSTEER_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
 
 
+# Playwright's waits give up after 30 s by default; an app under a loaded 2-core machine (an
+# mbox import in a subprocess, a companion's first round) can take longer without being wrong
+PAGE_TIMEOUT_MS = 120_000
+
+
+class _Patient:
+    """The browser, whose new pages wait up to PAGE_TIMEOUT_MS for what a test waits for."""
+
+    def __init__(self, browser: object) -> None:
+        self._browser = browser
+
+    def new_page(self, **options: object) -> object:
+        page = self._browser.new_page(**options)  # type: ignore[attr-defined]
+        page.set_default_timeout(PAGE_TIMEOUT_MS)
+        return page
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._browser, name)
+
+
 def _missing(what: str) -> None:
     message = f"{what}; install it with `apt-get install -y chromium` and `pip install playwright`"
     if os.environ.get("CI") == "true":
@@ -42,7 +62,7 @@ def browser() -> Iterator[object]:
         _missing(f"chromium is not at {CHROMIUM}")
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
-        yield browser
+        yield _Patient(browser)
         browser.close()
 
 
