@@ -60,7 +60,7 @@ from rich.console import Console
 from rich.table import Table
 
 from specsteer import protocol
-from specsteer.client import Client
+from specsteer.client import NO_TOKEN, Client
 from specsteer.errors import SpecSteerError
 from specsteer.history import HistoryStore
 from specsteer.runtime import load_model
@@ -578,7 +578,7 @@ def record_traces(args: argparse.Namespace, url: str, token: str = "") -> list[T
         store.add(kind="email", title=title, body=body)
     client = Client(
         load_model(args.specialist, precision=args.precision), history=store, companion=url,
-        token=token,
+        token=token or NO_TOKEN,
     )
     params = {"method": args.method, "max_new_tokens": args.max_new_tokens}
     return [record(client, query, params) for query in QUERIES]

@@ -31,8 +31,10 @@ def start_companion(
     descriptor_limit: int | None = None,
     startup: list[str] | None = None,
     env: dict[str, str] | None = None,
+    port: int = 0,
 ) -> tuple[subprocess.Popen[str], str]:
-    """Start a companion on a free loopback port; return it and its ws:// (or wss://) URL.
+    """Start a companion on a loopback port (`port`; 0: a free one); return it and its ws://
+    (or wss://) URL.
 
     `batch` serves with `--batch` (cross-session batched passes, default limits); with
     `args=["--generalist-engine", "vllm", ...]` the Generalist runs on a vLLM engine.
@@ -54,7 +56,7 @@ def start_companion(
         "--precision",
         precision,
         "--port",
-        "0",
+        str(port),
         *(["--open"] if open_access else []),
         "--threads",
         str(threads),

@@ -1,12 +1,13 @@
 // SpecSteer Mail: a small Node HTTP server embedding the SDK the way an Electron main process
 // would — through bindings/node (a `specsteer bridge` child process) — and a plain HTML/JS page.
 //
-//   node sample_apps/mail/server.mjs [--port 8400] [--real] [--companion ws://HOST:PORT]
+//   node sample_apps/mail/server.mjs [--help] [--port 8400] [--tiny] [--companion ws://HOST:PORT]
 //                                    [--no-companion] [--history PATH] [--python PATH]
 //                                    [--max-new-tokens N] [--min-token-ms MS]
 //
-// Without --companion it starts one (sample_apps/companion.py: tiny models, or the Qwen pair
-// with --real). The history store starts with the persona's sent mail; the inbox is
+// Runs the Qwen2.5 0.5B/1.5B pair `./dev demo` compiles (--tiny: the tiny test models, which
+// write random text, with a banner saying so). Without --companion it starts one
+// (sample_apps/companion.py, which starts it again if it dies). The history store starts with the persona's sent mail; the inbox is
 // sample_apps/data/inbox.json. Routes: GET /api/inbox, /api/sent, /api/status, /api/frames,
 // /api/settings; POST /api/prepare (the composer while the user types: retrieve and prefill),
 // /api/draft (the same body; answered with server-sent events), /api/send, /api/cancel,
@@ -22,7 +23,8 @@ import { createInterface } from "node:readline";
 import { fileURLToPath } from "node:url";
 import { parseArgs } from "node:util";
 
-import { SpecSteerClient } from "../../bindings/node/dist/index.js";
+// bindings/node/dist is imported when the bridge starts, so --help works before it is built
+const CLIENT = "../../bindings/node/dist/index.js";
 
 const HERE = dirname(fileURLToPath(import.meta.url));
 const APPS = resolve(HERE, "..");
@@ -32,20 +34,48 @@ const STATIC = [join(HERE, "static"), join(APPS, "shared_ui")];
 const PRESETS = ["default", "fast", "strict"];
 const TYPES = { ".html": "text/html", ".js": "text/javascript", ".css": "text/css" };
 
-const { values: opts } = parseArgs({
-  options: {
-    port: { type: "string", default: "8400" },
-    real: { type: "boolean", default: false },
-    companion: { type: "string", default: "" },
-    "no-companion": { type: "boolean", default: false },
-    token: { type: "string", default: "" },
-    preset: { type: "string", default: "default" },
-    history: { type: "string", default: "" },
-    python: { type: "string", default: process.env.SPECSTEER_PYTHON || "python3" },
-    "max-new-tokens": { type: "string", default: "" },
-    "min-token-ms": { type: "string", default: "" },
-  },
-});
+const OPTIONS = {
+  port: { type: "string", default: "8400", help: "port on 127.0.0.1 (0 picks a free one)" },
+  tiny: { type: "boolean", default: false,
+          help: "the tiny test models instead of the Qwen pair (test models: random text; for tests)" },
+  companion: { type: "string", default: "", help: "ws://HOST:PORT of a running companion (default: start one)" },
+  "no-companion": { type: "boolean", default: false, help: "on-device only" },
+  token: { type: "string", default: "", help: "device token for the companion" },
+  preset: { type: "string", default: "default", help: "default | fast | strict" },
+  history: { type: "string", default: "", help: "history file (default: $SPECSTEER_HOME/apps/mail.db)" },
+  python: { type: "string", default: process.env.SPECSTEER_PYTHON || "python3",
+            help: "the Python with specsteer installed (default: $SPECSTEER_PYTHON or python3)" },
+  "max-new-tokens": { type: "string", default: "", help: "tokens per draft (default 160; 200 with --tiny)" },
+  "min-token-ms": { type: "string", default: "", help: "pace the stream for reading (default 0; 25 with --tiny)" },
+  help: { type: "boolean", short: "h", default: false, help: "show this help and exit" },
+};
+
+function usage() {
+  const lines = ["usage: ./dev mail [options]   (node sample_apps/mail/server.mjs [options])", "",
+    "SpecSteer Mail: drafts and replies in your voice (Qwen2.5 0.5B on this device, steered by",
+    "1.5B in a companion), on http://127.0.0.1:8400.", "", "options:"];
+  for (const [name, option] of Object.entries(OPTIONS)) {
+    const flag = `--${name}${option.type === "string" ? " VALUE" : ""}${option.short ? `, -${option.short}` : ""}`;
+    lines.push(`  ${flag.padEnd(24)} ${option.help}`);
+  }
+  return lines.join("\n");
+}
+
+function parseOptions() {
+  const options = Object.fromEntries(Object.entries(OPTIONS).map(([name, { help, ...o }]) => [name, o]));
+  try {
+    return parseArgs({ options }).values;
+  } catch (error) { // an unknown or malformed option: say which, and how to get help
+    console.error(`SpecSteer Mail: ${error.message}\n\n${usage()}`);
+    process.exit(2);
+  }
+}
+
+const opts = parseOptions();
+if (opts.help) {
+  console.log(usage());
+  process.exit(0);
+}
 
 const specsteerHome = process.env.SPECSTEER_HOME || join(homedir(), ".cache", "specsteer");
 const historyPath = opts.history || join(specsteerHome, "apps", "mail.db");
@@ -54,9 +84,9 @@ const LEAK_GUARDS = ["allow", "redact", "hold"]; // the bridge's leak_guard; the
 // never repeat an 8-gram of a draft: greedy decoding otherwise loops on one sentence
 const NO_REPEAT_NGRAM = 8;
 const settings = { companion: opts.companion, token: opts.token, preset: opts.preset, leak_guard: "allow" };
-const maxNewTokens = Number(opts["max-new-tokens"]) || (opts.real ? 160 : 200);
+const maxNewTokens = Number(opts["max-new-tokens"]) || (opts.tiny ? 200 : 160);
 // paces the stream for reading: the tiny models write far faster than anyone reads
-const minTokenMs = opts["min-token-ms"] !== "" ? Number(opts["min-token-ms"]) : (opts.real ? 0 : 25);
+const minTokenMs = opts["min-token-ms"] !== "" ? Number(opts["min-token-ms"]) : (opts.tiny ? 25 : 0);
 const state = { client: null, specialist: "", frames: [], mode: "unknown", reason: "",
                 generation: null, launcher: null };
 
@@ -70,16 +100,27 @@ function python(args) {
   });
 }
 
+// Stop sample_apps/companion.py (and with it the companion it keeps), waiting up to 15 s.
+function stopLauncher() {
+  const child = state.launcher;
+  if (!child || child.exitCode !== null || child.signalCode !== null) return Promise.resolve();
+  return new Promise((done) => {
+    const timer = setTimeout(() => { child.kill("SIGKILL"); done(); }, 15_000);
+    child.once("exit", () => { clearTimeout(timer); done(); });
+    child.kill("SIGTERM");
+  });
+}
+
 async function launchModels() {
   // the models (and, unless one was named, a companion) from sample_apps/companion.py
-  const args = [join(APPS, "companion.py"), ...(opts.real ? ["--real"] : [])];
+  const args = [join(APPS, "companion.py"), ...(opts.tiny ? ["--tiny"] : [])];
   if (settings.companion || opts["no-companion"]) args.push("--no-companion");
   const child = spawn(opts.python, args, { cwd: REPO, stdio: ["pipe", "pipe", "inherit"] });
   state.launcher = child;
   const [line] = await new Promise((ok, fail) => {
     const lines = createInterface({ input: child.stdout });
     lines.once("line", (l) => ok([l]));
-    child.once("exit", (code) => fail(new Error(`companion launcher exited with ${code}`)));
+    child.once("exit", (code) => fail(new Error(`the models could not be loaded (exit ${code})`)));
   });
   const launched = JSON.parse(line);
   if (!settings.companion && launched.companion) settings.companion = launched.companion;
@@ -91,6 +132,7 @@ async function startBridge() {
   const args = ["--specialist", state.specialist, "--history", historyPath, "--audit-frames",
                 "--timeout-s", "4"];
   if (settings.companion) args.push("--companion", settings.companion);
+  const { SpecSteerClient } = await import(CLIENT);
   const client = await SpecSteerClient.start({
     python: opts.python, bridgeArgs: args, cwd: REPO,
     env: { ...process.env, ...(settings.token ? { SPECSTEER_TOKEN: settings.token } : {}) },
@@ -142,7 +184,8 @@ async function status() {
     state.reason = reachable ? "" : "the companion is unreachable";
   }
   return { mode: settings.companion ? state.mode : "none", reason: state.reason, reachable,
-           generating: !!state.generation, settings, specialist: state.specialist };
+           generating: !!state.generation, settings, specialist: state.specialist,
+           test_models: opts.tiny };
 }
 
 // ------------------------------------------------------------------ drafting
@@ -192,7 +235,10 @@ async function draft(res, composer) {
     for await (const piece of generation) send("piece", piece);
     const result = await generation.result;
     const s = result.stats;
-    send("done", { tokens: s.tokens, acceptance_rate: s.acceptance_rate, bytes_up: s.bytes_up,
+    send("done", { tokens: s.tokens, acceptance_rate: s.acceptance_rate, drafted: s.drafted,
+                   accepted: s.accepted,
+                   local_tokens: result.provenance.filter((p) => p === "local").length,
+                   bytes_up: s.bytes_up,
                    bytes_down: s.bytes_down, degraded: s.degraded, reconnects: s.reconnects,
                    prefill_reused: s.prefill_reused, prefill_tokens: s.prefill_tokens,
                    drafted_ahead: s.drafted_ahead, leak_guard: settings.leak_guard, leak_flagged: s.leak_flagged,
@@ -314,7 +360,7 @@ async function main() {
   const stop = async () => {
     server.close();
     await state.client?.close();
-    state.launcher?.kill("SIGTERM");
+    await stopLauncher(); // it stops the companion it keeps: wait for that
     process.exit(0);
   };
   process.on("SIGINT", stop);

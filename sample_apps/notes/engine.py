@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from specsteer import protocol
-from specsteer.client import Client, Result
+from specsteer.client import NO_TOKEN, Client, Result
 from specsteer.device import ModeChange, OfflinePolicy
 from specsteer.errors import SpecSteerError
 from specsteer.history import HistoryStore
@@ -54,8 +54,9 @@ class NotesEngine:
     def __init__(self, specialist: LanguageModel, store: HistoryStore, settings: Settings, *,
                  max_new_tokens: int = 160, min_token_s: float = 0.0,
                  retry_s: tuple[float, float] = (0.5, 2.0), reply_timeout_s: float = 4.0,
-                 no_repeat_ngram: int = NO_REPEAT_NGRAM) -> None:
+                 no_repeat_ngram: int = NO_REPEAT_NGRAM, test_models: bool = False) -> None:
         self.specialist = specialist
+        self.test_models = test_models  # the tiny test models: the page says they write noise
         self.no_repeat_ngram = no_repeat_ngram
         self.store = store
         self.settings = settings
@@ -109,7 +110,8 @@ class NotesEngine:
     # -- the link audit ---------------------------------------------------------------------
     def _tap(self, direction: str, frame: bytes) -> None:
         tokenizer = self.specialist.tokenizer
-        seen = protocol.describe_frame(direction, frame, lambda i: tokenizer.decode([i]))
+        seen = protocol.describe_frame(direction, frame, lambda i: tokenizer.decode([i]),
+                                       tokenizer.decode)
         with self._frames_lock:
             seen["n"] = len(self._frames) + 1
             seen["at"] = time.time()
@@ -139,7 +141,8 @@ class NotesEngine:
             self.mode_reason = "" if reachable else "the companion is unreachable"
         return {"mode": self.mode, "reason": self.mode_reason, "reachable": reachable,
                 "generating": self._running.locked(), "settings": asdict(self.settings),
-                "specialist": self.specialist.name, "history": self.store.stats()["kinds"]}
+                "specialist": self.specialist.name, "test_models": self.test_models,
+                "history": self.store.stats()["kinds"]}
 
     # -- continuations ------------------------------------------------------------------------
     def cancel(self) -> bool:
@@ -155,7 +158,8 @@ class NotesEngine:
                 if self._client_obj is not None:
                     self._client_obj.close()
                 self._client_obj = Client(
-                    self.specialist, history=self.store, companion=key[0] or None, token=key[1],
+                    self.specialist, history=self.store, companion=key[0] or None,
+                    token=key[1] or NO_TOKEN,
                     timeout_s=self.reply_timeout_s, connect_timeout_s=2.0, tap=self._tap)
                 self._client_for = key
             return self._client_obj
@@ -222,6 +226,8 @@ class NotesEngine:
                 stream.close()
             stats = out[0].stats
             emit("done", {"tokens": stats.tokens, "acceptance_rate": stats.acceptance_rate,
+                          "drafted": stats.drafted, "accepted": stats.accepted,
+                          "local_tokens": out[0].provenance.count("local"),
                           "tokens_per_s": stats.tokens_per_s, "bytes_up": stats.bytes_up,
                           "bytes_down": stats.bytes_down, "degraded": stats.degraded,
                           "reconnects": stats.reconnects, "records": list(stats.records),

@@ -33,25 +33,33 @@ document.body.insertAdjacentHTML("beforeend", `
   </form>
 </dialog>`);
 
-const FRAME_DETAIL = {
-  Hello: (f) => `client ${f.fields.client_name || "?"}, token ${f.fields.auth_token}`,
-  HelloOk: (f) => `companion ${f.fields.companion_version}, vocabulary ${f.fields.vocab_size}`,
-  OpenSession: (f) => `public request: ${f.tokens.prompt_ids ? f.tokens.prompt_ids.length : 0} token ids`,
-  SessionOpened: (f) => `session ${f.fields.session_id}`,
-  Draft: (f) => `round ${f.fields.round}`,
-  Verdict: (f) => `round ${f.fields.round}: ${f.fields.accepted} accepted, ${(f.fields.ids || []).length} candidates`,
-  Close: (f) => f.fields.reason || "",
-  Error: (f) => `${f.fields.code}: ${f.fields.message}`,
+// Each frame in words, with the text that left (or came back) decoded whole; the token ids
+// are one click away ("token ids"). `f.texts` holds the request, drafted and committed text.
+const FRAME_WORDS = {
+  Hello: (f) => `hello from ${f.fields.client_name || "this device"}; device token ${f.fields.auth_token}`,
+  HelloOk: (f) => `the companion (${f.fields.companion_version}) accepts this device`,
+  OpenSession: () => "a session opens on the public request",
+  SessionOpened: (f) => `session ${f.fields.session_id} open (the companion read ${f.fields.prompt_length} tokens)`,
+  Resume: (f) => `the link was lost: a new connection resumes the session at round ${f.fields.round} with the request and the text so far`,
+  Draft: (f) => `round ${f.fields.round}: the words drafted on this device, for the companion to check`,
+  Verdict: (f) => `round ${f.fields.round}: ${f.fields.accepted} drafted ${f.fields.accepted === 1 ? "token" : "tokens"} accepted; ${(f.fields.ids || []).length} candidates for the next one (scores, no text)`,
+  RowRequest: () => "a request for the companion's next-token scores",
+  RowReply: (f) => `next-token scores for ${(f.fields.ids || []).length} candidates`,
+  Close: (f) => `closed${f.fields.reason ? `: ${f.fields.reason}` : ""}`,
+  Error: (f) => `error ${f.fields.code}: ${f.fields.message}`,
 };
-const TOKEN_LABEL = { prompt_ids: "request", committed_ids: "committed", draft_ids: "drafted", ids: "candidates" };
+const TEXT_LABEL = { prompt_ids: "request", committed_ids: "text so far", draft_ids: "drafted" };
 
-function visible(text) {
-  return text.replace(/\n/g, "⏎").replace(/ /g, "·");
+// A frame type without its own words: its plain fields, as "name value" pairs.
+function fieldWords(f) {
+  return Object.entries(f.fields).filter(([, v]) => v === null || typeof v !== "object")
+    .map(([k, v]) => `${k.replaceAll("_", " ")} ${v}`).join(" · ");
 }
 
 function renderFrame(f) {
   const li = document.createElement("li");
   li.className = `frame ${f.direction}`;
+  li.dataset.type = f.type;
   const head = document.createElement("div");
   head.className = "head";
   head.innerHTML = `<span class="dir ${f.direction}">${f.direction === "up" ? "↑" : "↓"}</span>` +
@@ -59,29 +67,59 @@ function renderFrame(f) {
   head.querySelector(".type").textContent = `#${f.n} ${f.type}`;
   head.querySelector(".bytes").textContent = `${f.bytes} B`;
   li.appendChild(head);
-  const detail = (FRAME_DETAIL[f.type] || (() => JSON.stringify(f.fields)))(f);
-  if (detail) {
+  const words = (FRAME_WORDS[f.type] || fieldWords)(f);
+  if (words) {
     const d = document.createElement("div");
     d.className = "detail";
-    d.textContent = detail;
+    d.textContent = words;
     li.appendChild(d);
   }
-  for (const [name, ids] of Object.entries(f.tokens || {})) {
-    if (name === "ids") continue; // candidate ids of a verdict: numbers the device chooses from
-    const row = document.createElement("div");
-    row.className = "ids";
+  for (const [name, text] of Object.entries(f.texts || {})) {
+    const said = document.createElement("div");
+    said.className = "said";
     const label = document.createElement("b");
-    label.textContent = TOKEN_LABEL[name] || name;
-    row.appendChild(label);
-    for (const t of ids) {
-      const s = document.createElement("span");
-      s.title = `token ${t.id}`;
-      s.textContent = t.text === null ? `${t.id}` : `${t.id} "${visible(t.text)}"`;
-      row.appendChild(s);
+    label.textContent = TEXT_LABEL[name] || name;
+    const quote = document.createElement("q");
+    quote.dataset.field = name;
+    quote.textContent = text;
+    said.append(label, quote);
+    li.appendChild(said);
+  }
+  const ids = Object.entries(f.tokens || {});
+  if (ids.length) { // the ids themselves, on demand
+    const more = document.createElement("details");
+    more.className = "ids";
+    const summary = document.createElement("summary");
+    summary.textContent = "token ids";
+    more.appendChild(summary);
+    for (const [name, tokens] of ids) {
+      const row = document.createElement("div");
+      const label = document.createElement("b");
+      label.textContent = name === "ids" ? "candidates" : TEXT_LABEL[name] || name;
+      row.appendChild(label);
+      for (const t of tokens) {
+        const s = document.createElement("span");
+        s.textContent = t.text === null ? `${t.id}` : `${t.id} ${JSON.stringify(t.text)}`;
+        row.appendChild(s);
+      }
+      more.appendChild(row);
     }
-    li.appendChild(row);
+    li.appendChild(more);
   }
   return li;
+}
+
+// The tiny test models write random text: say so at the top of the page, once.
+function showTestModels(on) {
+  let banner = document.getElementById("test-banner");
+  if (on && !banner) {
+    banner = document.createElement("div");
+    banner.id = "test-banner";
+    banner.className = "banner";
+    banner.textContent = "test models: random text — started with --tiny; start without it for the Qwen pair";
+    document.body.prepend(banner);
+  }
+  if (banner) banner.hidden = !on;
 }
 
 function setBadge(el, mode, reason) {
@@ -125,6 +163,37 @@ function showLeakGuard(s) {
   el.hidden = false;
 }
 
+// The end of a suggestion in words: tokens, drafts accepted, what was written offline, bytes,
+// and what preparing while the user typed saved.
+function doneSummary(s) {
+  const parts = [`${s.tokens} tokens`];
+  if (s.tokens > 0 && s.local_tokens === s.tokens) {
+    parts.push("offline: written on this device alone");
+  } else {
+    if (s.drafted > 0) parts.push(`${(s.acceptance_rate * 100).toFixed(0)}% of ${s.drafted} drafted tokens accepted`);
+    if (s.local_tokens > 0) parts.push(`partly offline: ${s.local_tokens} written on this device alone`);
+  }
+  parts.push(`${s.bytes_up + s.bytes_down} bytes on the wire`);
+  if (s.prefill_reused) {
+    parts.push(`${s.prefill_reused} of ${s.prefill_reused + s.prefill_tokens} prompt tokens prefilled before you asked`);
+    if (s.drafted_ahead) parts.push(`first ${s.drafted_ahead} tokens drafted while you typed`);
+  }
+  return parts.join(" · ");
+}
+
+// What a cancelled suggestion had written: its tokens by provenance, from the page itself.
+function streamedSummary() {
+  const counts = {};
+  for (const t of $("suggestion-text").querySelectorAll(".tok")) {
+    counts[t.dataset.provenance] = (counts[t.dataset.provenance] || 0) + 1;
+  }
+  const total = Object.values(counts).reduce((a, b) => a + b, 0);
+  const names = { draft: "accepted draft", recovered: "recovered", bonus: "bonus",
+                  generalist: "companion", local: "on this device alone" };
+  const detail = Object.entries(counts).map(([p, n]) => `${n} ${names[p] || p}`).join(", ");
+  return `${total} ${total === 1 ? "token" : "tokens"}${total ? ` (${detail})` : ""}`;
+}
+
 // Start a suggestion (one at a time): clear the last one, show "writing…", disable `button`
 // and Accept, show Cancel, hide the ready mark, and stream from `url` until `finish`.
 function startSuggestion(url, request, state, button, discard, finish) {
@@ -164,7 +233,7 @@ function streamSuggestion(url, request, state, finish) {
   const on = {
     piece(p) {
       $("suggestion-text").appendChild(tokenSpan(p.text, p.provenance));
-      $("suggestion").scrollTop = $("suggestion").scrollHeight;
+      $("suggestion-text").scrollTop = $("suggestion-text").scrollHeight;
     },
     mode(m) {
       setBadge($("badge"), m.mode, m.reason);
@@ -177,13 +246,9 @@ function streamSuggestion(url, request, state, finish) {
     },
     done(s) {
       showLeakGuard(s);
-      const ready = s.prefill_reused
-        ? ` · ${s.prefill_reused} of ${s.prefill_reused + s.prefill_tokens} prompt tokens prefilled before you asked`
-          + (s.drafted_ahead ? ` · first ${s.drafted_ahead} tokens drafted while you typed` : "") : "";
-      finish(`${s.tokens} tokens · ${(s.acceptance_rate * 100).toFixed(0)}% drafts accepted · ${s.bytes_up + s.bytes_down} bytes on the wire`
-        + (s.degraded ? " · partly offline" : "") + ready);
+      finish(doneSummary(s));
     },
-    cancelled() { finish("cancelled"); },
+    cancelled() { finish(`cancelled · ${streamedSummary()}`); },
     failed(e) { finish(`failed: ${e.error}`); },
   };
   (async () => {

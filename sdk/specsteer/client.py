@@ -28,7 +28,12 @@ from specsteer.device import (
     decode,
 )
 from specsteer.device.rounds import first_draft, first_draft_key
-from specsteer.errors import CompanionConfigError, CompanionUnavailable, GenerationCancelled
+from specsteer.errors import (
+    CompanionConfigError,
+    CompanionUnavailable,
+    ConfigError,
+    GenerationCancelled,
+)
 from specsteer.history import HistoryStore, Prompt, build_prompt, continuation_prefix, retrieve
 from specsteer.link import CompanionLink, FrameChannel, FrameTap, LinkStats
 from specsteer.meta_answers import phrase_ids
@@ -39,6 +44,17 @@ from specsteer.tokenizer import Message, check_text
 
 ChannelFactory = Callable[[], FrameChannel]
 log = logging.getLogger("specsteer.client")
+
+
+class _NoToken:
+    """The `token=` default: no token at all (a companion started with `--open`), unlike an
+    explicit None or '', which are mistakes (an unset environment variable)."""
+
+    def __repr__(self) -> str:
+        return "NO_TOKEN"
+
+
+NO_TOKEN = _NoToken()
 
 
 @dataclass(frozen=True)
@@ -78,6 +94,8 @@ class GenerationStats:
     prefill_reused: int = 0  # private prompt tokens whose KV state a `prepare` or an earlier
     #                          generation had already computed (exact rewind)
     prefill_tokens: int = 0  # private prompt tokens this generation prefilled itself
+    prompt_tokens: int = 0  # the prompt the Specialist read (the private one; the public one
+    #                         for the SLM baseline): an OpenAI `usage.prompt_tokens`
     warm_tokens: int = 0  # Generalist tokens written during a warm start, before the switch
     switch_s: float | None = None  # when Draft-Verify-Recover took over (None: no warm start)
     # when the companion held the session (hello, its prefill of the public prompt): a cold
@@ -143,7 +161,17 @@ class Client:
         new connection starts at the URL after the one the last connection used and skips those
         that cannot be reached, so generations spread over the list and a dropped link resumes
         on another companion first), a factory of FrameChannels (in-process companions), or None
-        for local-only generation.
+        for local-only generation. Anything else (`127.0.0.1:8765`, `http://...`) is a
+        `ConfigError` here, not local-only text later.
+    token: the device token (`specsteer-companion tokens create NAME`). Omit it only for a
+        companion started with `--open`; None, '' or a non-string is a `ConfigError` (what
+        `os.environ.get("SPECSTEER_TOKEN")` gives when the variable is unset). A token the
+        companion refuses raises `CompanionAuthError` at the first generation, whatever
+        `offline` says.
+    offline: the default offline policy of this Client's generations ("degrade", "fail" or
+        "wait(SECONDS)"; `stream(offline=...)` overrides it). It covers what may come back by
+        itself (unreachable, timed out, dropped); a refusal no retry fixes (`CompanionRefused`:
+        token, models, protocol version, certificate) is raised at once in every mode.
     allow_insecure: send `token` over plain ws:// to a host other than this machine. Refused by
         default (`CompanionConfigError`): anyone on the path could read the token and the
         prompt. Use wss:// instead; this is for trusted private networks only, and logs a
@@ -160,7 +188,7 @@ class Client:
         *,
         history: HistoryStore | str | Path | None = None,
         companion: str | Sequence[str] | ChannelFactory | None = None,
-        token: str = "",
+        token: str | _NoToken = NO_TOKEN,
         generalist_sha256: str = "",
         ssl_context: ssl.SSLContext | None = None,
         timeout_s: float = 30.0,
@@ -170,17 +198,21 @@ class Client:
         tap: FrameTap | None = None,
         threads: int | None = None,
         allow_insecure: bool = False,
+        offline: str | OfflinePolicy = "degrade",
     ) -> None:
-        if isinstance(companion, str):
-            companion = (companion,)
-        elif companion is not None and not callable(companion):
-            companion = tuple(companion)
-            if not companion or not all(isinstance(url, str) for url in companion):
-                raise CompanionConfigError("companion must be a URL, a non-empty list of URLs, "
-                                           "a channel factory or None")
+        companion = _companion_urls(companion)
+        token = _checked_token(token) if companion is not None else ""
         if isinstance(companion, tuple) and token:
             for url in companion:
                 _check_token_transport(url, allow_insecure)
+        _check_positive(timeout_s=timeout_s, connect_timeout_s=connect_timeout_s)
+        if not isinstance(retrieve_k, int) or retrieve_k < 0:
+            raise ConfigError(f"retrieve_k must be an int >= 0, not {retrieve_k!r}")
+        if max_prompt_tokens is not None and (not isinstance(max_prompt_tokens, int)
+                                              or max_prompt_tokens < 1):
+            raise ConfigError(f"max_prompt_tokens must be None or an int >= 1, not "
+                              f"{max_prompt_tokens!r}")
+        self.offline = OfflinePolicy.parse(offline)
         self.specialist = specialist if not isinstance(specialist, str | Path) \
             else load_device_model(specialist, threads=threads)
         self.history = HistoryStore(history) if isinstance(history, str | Path) else history
@@ -326,7 +358,8 @@ class Client:
 
     # -- generation ------------------------------------------------------------------------
     def stream(self, query: Mapping[str, Any] | str, *, task: str = "email",
-               preset: str | None = None, stop: Sequence[str] = (), offline: str = "degrade",
+               preset: str | None = None, stop: Sequence[str] = (),
+               offline: str | OfflinePolicy | None = None,
                before: str | None = None, result: list[Result] | None = None,
                on_mode: Callable[[ModeChange], None] | None = None,
                settings: Params | None = None, user_length: bool = True,
@@ -343,7 +376,9 @@ class Client:
 
         offline: "degrade" (go on with the local Specialist when the companion is unreachable or
         drops, reconnecting with backoff), "fail" (raise CompanionUnavailable) or
-        "wait(SECONDS)". `on_mode` is told of every switch between collaborative and local.
+        "wait(SECONDS)"; None: the Client's `offline`. A `CompanionRefused` (wrong token, other
+        models or protocol version, a certificate that does not verify) is raised in every
+        mode. `on_mode` is told of every switch between collaborative and local.
 
         cancel: set it (from any thread) to stop the generation: at the next drafted token or
         prefill pass (~0.1 s each), or within 50 ms of a wait for the companion (a verdict is
@@ -359,7 +394,7 @@ class Client:
         lowered by its length. `exclude`: record ids not to retrieve (the draft's own record, if
         it is stored: its text is already the prefix).
         """
-        policy = OfflinePolicy.parse(offline)
+        policy = self.offline if offline is None else OfflinePolicy.parse(offline)
         settings = _settings(preset, settings, params)
         started = time.perf_counter()
         prompt, device_prompt = self.render(query, task=task, before=before, prefix=prefix,
@@ -448,6 +483,8 @@ class Client:
                     pipelined=stats.pipelined, cancelled=stats.cancelled,
                     loop_ended=stats.loop_ended,
                     prefill_reused=reused, prefill_tokens=to_prefill,
+                    prompt_tokens=len(device_prompt.private_ids if settings.method != "slm"
+                                      else device_prompt.public_ids),
                     warm_tokens=stats.warm_tokens, switch_s=stats.switch_s,
                     session_ready_s=stats.session_ready_s,
                     session_reused=stats.session_reused, drafted_ahead=stats.drafted_ahead,
@@ -466,6 +503,67 @@ class Client:
 
 
 _LOOPBACK_HOSTS = {"localhost", "127.0.0.1", "::1"}
+
+
+
+def _companion_urls(companion: Any) -> tuple[str, ...] | ChannelFactory | None:
+    """`companion=` as a tuple of checked ws:// / wss:// URLs, a channel factory or None."""
+    if companion is None or (callable(companion) and not isinstance(companion, str)):
+        return companion  # type: ignore[no-any-return]
+    if isinstance(companion, str):
+        _check_url("companion", companion)
+        return (companion,)
+    if not isinstance(companion, Sequence) or not companion:
+        raise CompanionConfigError(
+            f"companion must be a ws:// or wss:// URL, a non-empty list of them, a channel "
+            f"factory or None, not {companion!r}")
+    for at, url in enumerate(companion):
+        _check_url(f"companion[{at}]", url)
+    return tuple(companion)
+
+
+def _check_url(name: str, url: object) -> None:
+    """A companion URL: ws:// or wss://, a host, a port that is a number."""
+    if not isinstance(url, str):
+        raise CompanionConfigError(f"{name} must be a ws:// or wss:// URL (a str), not {url!r}")
+    if not url.strip():
+        raise CompanionConfigError(f"{name}={url!r} is empty; give a ws:// or wss:// URL, or "
+                                   "companion=None for local-only generation")
+    parts = urlsplit(url)
+    if parts.scheme.lower() not in ("ws", "wss") or not parts.hostname:
+        secure = parts.scheme.lower() == "https"
+        rest = url.split("://", 1)[1] if "://" in url else url
+        raise CompanionConfigError(f"{name}={url!r} is not a ws:// or wss:// URL; did you mean "
+                                   f"{('wss://' if secure else 'ws://') + rest!r}?")
+    try:
+        parts.port  # noqa: B018 - raises on a port that is not a number in range
+    except ValueError:
+        raise CompanionConfigError(
+            f"{name}={url!r}: the port is not a number from 0 to 65535") from None
+
+
+def _checked_token(token: object) -> str:
+    """The device token to send ('' when omitted); None, '' or a non-string is a mistake."""
+    if isinstance(token, _NoToken):
+        return ""
+    if token is None:
+        raise CompanionConfigError(
+            "token=None: the device token is missing (os.environ.get gives None for an unset "
+            "variable); pass the token, or omit token= for a companion started with --open")
+    if not isinstance(token, str):
+        raise CompanionConfigError(f"token must be a str, not {type(token).__name__} (length "
+                                   f"{len(token) if hasattr(token, '__len__') else '?'})")
+    if not token.strip():
+        raise CompanionConfigError(
+            f"token={token!r} is empty; pass the device token, or omit token= for a companion "
+            "started with --open")
+    return token
+
+
+def _check_positive(**values: float) -> None:
+    for name, value in values.items():
+        if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+            raise ConfigError(f"{name} must be a number of seconds > 0, not {value!r}")
 
 
 def _check_token_transport(url: str, allow_insecure: bool) -> None:
@@ -498,4 +596,4 @@ def _find_stop(text: str, stop: Sequence[str]) -> int | None:
     return min(positions) if positions else None
 
 
-__all__ = ["Client", "GenerationStats", "Piece", "Prepared", "Result", "TokenEvent"]
+__all__ = ["NO_TOKEN", "Client", "GenerationStats", "Piece", "Prepared", "Result", "TokenEvent"]

@@ -57,8 +57,11 @@ class ProtocolError(SpecSteerError):
 class CompanionError(SpecSteerError):
     """The companion refused a request or reported an error (carries its error code)."""
 
+    hint = ""  # what to do about it, when a subclass knows
+
     def __init__(self, code: int, message: str) -> None:
-        super().__init__(f"companion error {code}: {message}")
+        super().__init__(f"companion error {code}: {message}" + (f"; {self.hint}" if self.hint
+                                                                   else ""))
         self.code = code
 
 
@@ -67,7 +70,41 @@ class GenerationCancelled(SpecSteerError):
 
 
 class CompanionUnavailable(SpecSteerError):
-    """The companion could not be reached, timed out, or dropped the connection."""
+    """The companion could not be reached, timed out, or dropped the connection: what may come
+    back by itself, so the offline policy (`offline=`) decides what happens."""
+
+
+class CompanionRefused(SpecSteerError):
+    """The companion cannot serve this device for a reason no retry fixes: a wrong or revoked
+    token, other models, another protocol version, a certificate that does not verify. Not
+    "offline": raised at once whatever the offline policy (`offline="degrade"` would otherwise
+    hide a configuration mistake behind local-only text)."""
+
+
+class CompanionAuthError(CompanionRefused, CompanionError):
+    """The companion refused the device token (unknown, wrong or revoked; protocol code 9)."""
+
+    hint = ("check Client(token=...): `specsteer-companion tokens create NAME` prints a device "
+            "token once")
+
+
+class CompanionModelMismatch(CompanionRefused, CompanionError):
+    """The companion does not serve the models this device expects (protocol code 10): the
+    generic Specialist must be the device's very artifact."""
+
+    hint = ("the companion's --specialist must be this device's compiled folder "
+            "(`specsteer models path NAME`)")
+
+
+class CompanionVersionMismatch(CompanionRefused, CompanionError):
+    """The companion speaks another wire-protocol version (protocol code 3)."""
+
+    hint = "install the same specsteer release on the device and the companion (CHANGELOG.md)"
+
+
+class CompanionTLSError(CompanionRefused):
+    """The companion's TLS certificate did not verify (unknown issuer, wrong host name,
+    expired): check `ssl_context` or the URL's host name."""
 
 
 class CompanionTimedOut(CompanionUnavailable):
@@ -120,7 +157,13 @@ class PromptTooLong(HistoryError):
     """The request alone does not fit the prompt token budget, before any context is added."""
 
 
-class CompanionConfigError(SpecSteerError, ValueError):
+class ConfigError(SpecSteerError, ValueError):
+    """An argument given to the SDK is wrong (a companion URL that is not ws:// or wss://, a
+    token that is not a string...): waiting cannot fix it, so it is raised when the object is
+    built; the message names the argument and its value."""
+
+
+class CompanionConfigError(ConfigError):
     """A companion setting is invalid: a limit out of range, a bad device name, a TLS option."""
 
 

@@ -16,14 +16,18 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from specsteer.errors import (
+    CompanionAuthError,
     CompanionError,
+    CompanionModelMismatch,
     CompanionTimedOut,
     CompanionUnavailable,
+    CompanionVersionMismatch,
     GenerationCancelled,
     ProtocolError,
 )
 from specsteer.protocol import (
     DeviceConnection,
+    ErrorCode,
     ErrorReceived,
     HelloAccepted,
     HelloOk,
@@ -54,6 +58,21 @@ class PollableChannel(FrameChannel, Protocol):
     """A channel that can say, without blocking, whether a frame has arrived (optional)."""
 
     def poll(self) -> bytes | None: ...
+
+
+# what no retry fixes: raised as `CompanionRefused` types, never handled as "offline"
+_REFUSALS: dict[int, type[CompanionError]] = {
+    ErrorCode.AUTH_FAILED: CompanionAuthError,
+    ErrorCode.MODEL_MISMATCH: CompanionModelMismatch,
+    ErrorCode.BAD_VERSION: CompanionVersionMismatch,
+}
+
+
+def companion_error(code: int, message: str) -> CompanionError:
+    """The error a companion's `Error` frame (or this side's check of its answer) stands for:
+    a typed refusal (`CompanionRefused`) for a wrong token, other models or another protocol
+    version, else a plain `CompanionError`."""
+    return _REFUSALS.get(code, CompanionError)(code, message)
 
 
 FrameTap = Callable[[str, bytes], None]  # ("up" | "down", frame): sees every frame, for audits
@@ -134,12 +153,14 @@ class CompanionLink:
                 self.stats.frames_down += 1
                 try:
                     events = self.conn.receive_frame(frame)
-                except ProtocolError:
+                except ProtocolError as exc:
                     self._flush_quietly()
+                    if exc.code in _REFUSALS:  # its answer shows other models or version
+                        raise companion_error(exc.code, str(exc)) from exc
                     raise
                 for event in events:
                     if isinstance(event, ErrorReceived):
-                        raise CompanionError(event.code, event.message)
+                        raise companion_error(event.code, event.message)
                     if isinstance(event, wanted):
                         return event
         finally:

@@ -139,39 +139,42 @@ class Params:
         if self.method not in METHODS:
             raise ValueError(f"method must be one of {', '.join(METHODS)}, not {self.method!r}")
         if not 0.0 < self.top_p <= 1.0:
-            raise ValueError("top_p must be in (0, 1]")
-        if self.k < 0 or self.top_k < 1 or self.max_new_tokens < 0 or self.gamma < 0:
-            raise ValueError("k >= 0, top_k >= 1, max_new_tokens >= 0 and gamma >= 0 are required")
+            raise ValueError(f"top_p must be in (0, 1], not {self.top_p!r}")
+        for name, least in (("k", 0), ("top_k", 1), ("max_new_tokens", 1), ("gamma", 0)):
+            if not getattr(self, name) >= least:  # NaN fails too
+                raise ValueError(f"{name} must be >= {least}, not {getattr(self, name)!r}")
         if self.select not in SELECTS:
-            raise ValueError("select must be 'generalist' or 'difference'")
+            raise ValueError(f"select must be 'generalist' or 'difference', not {self.select!r}")
         if self.warm_start_min_s < 0:
-            raise ValueError("warm_start_min_s must be >= 0")
+            raise ValueError(f"warm_start_min_s must be >= 0, not {self.warm_start_min_s!r}")
         if self.leak_guard not in LEAK_GUARDS:
             raise ValueError(f"leak_guard must be one of {', '.join(LEAK_GUARDS)}, "
                              f"not {self.leak_guard!r}")
         if self.leak_guard_n < 2:
-            raise ValueError("leak_guard_n must be at least 2")
+            raise ValueError(f"leak_guard_n must be at least 2, not {self.leak_guard_n!r}")
         if self.leak_guard == "allow" and self.collaborative:
             warnings.warn(
                 "leak_guard='allow': drafts that copy the user's private history are sent to "
                 "the companion word for word; the default 'hold' keeps them on the device",
                 PrivateDraftsWarning, stacklevel=3)
         if not 0.0 < self.end_release <= 1.0:
-            raise ValueError("end_release must be in (0, 1]")
+            raise ValueError(f"end_release must be in (0, 1], not {self.end_release!r}")
         if self.end_release_after is not None and self.end_release_after < 0:
-            raise ValueError("end_release_after must be None or >= 0")
+            raise ValueError(f"end_release_after must be None or >= 0, not "
+                             f"{self.end_release_after!r}")
         for name in PHRASE_FIELDS:
             phrases = getattr(self, name)
             if not isinstance(phrases, tuple) or not all(isinstance(p, str) and p for p in phrases):
-                raise ValueError(f"{name} must be a tuple of non-empty strings")
+                raise ValueError(f"{name} must be a tuple of non-empty strings, not {phrases!r}")
             for phrase in phrases:
                 check_text(phrase, name)
         for name in NGRAM_FIELDS:
             size = getattr(self, name)
             if size < 0 or size == 1:
-                raise ValueError(f"{name} must be 0 (off) or at least 2")
+                raise ValueError(f"{name} must be 0 (off) or at least 2, not {size!r}")
         if self.adaptive_k and not 1 <= self.k <= self.k_max:
-            raise ValueError("adaptive_k needs 1 <= k <= k_max")
+            raise ValueError(f"adaptive_k needs 1 <= k <= k_max, not k={self.k!r}, "
+                             f"k_max={self.k_max!r}")
 
     def for_user(self, texts: Iterable[str]) -> Params:
         """These settings for a user whose own texts (the retrieved examples) are `texts`: the

@@ -15,7 +15,12 @@ from typing import Any
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
 from websockets.sync.client import ClientConnection, connect
 
-from specsteer.errors import CompanionTimedOut, CompanionUnavailable, ProtocolError
+from specsteer.errors import (
+    CompanionTimedOut,
+    CompanionTLSError,
+    CompanionUnavailable,
+    ProtocolError,
+)
 from specsteer.protocol import ErrorCode
 
 # A verdict is a few hundred bytes; allow the largest row reply and a long prompt with margin.
@@ -85,6 +90,11 @@ class WebSocketChannel:
                 create_connection=_DeviceConnection,
             )
             self._ws: ClientConnection = self._connect.__enter__()
+        except ssl.SSLCertVerificationError as exc:  # no retry makes it verify
+            raise CompanionTLSError(
+                f"the companion at {url} presented a certificate that does not verify "
+                f"({exc.verify_message}): pass Client(ssl_context=...) trusting its issuer, or "
+                "fix the URL's host name") from exc
         except (OSError, TimeoutError, InvalidHandshake, InvalidURI, ConnectionClosed) as exc:
             # ConnectionClosed: the companion closed the socket during the handshake (full)
             raise CompanionUnavailable(f"cannot reach the companion at {url}: {exc}") from exc

@@ -8,16 +8,39 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from apps_helpers import REPO
+from apps_helpers import companion_behind_proxy as proxied
+from ci import skip_or_fail
 
 from specsteer.models.tiny import tiny_model_dir
-from specsteer_companion.process import start_companion
-from specsteer_companion.proxy import Faults, ProxyThread
+from specsteer_companion.proxy import ProxyThread
 
 CHROMIUM = os.environ.get("SPECSTEER_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
+
+
+# Playwright's waits give up after 30 s by default; an app under a loaded 2-core machine (an
+# mbox import in a subprocess, a companion's first round) can take longer without being wrong
+PAGE_TIMEOUT_MS = 120_000
+
+
+class _Patient:
+    """The browser, whose new pages wait up to PAGE_TIMEOUT_MS for what a test waits for."""
+
+    def __init__(self, browser: object) -> None:
+        self._browser = browser
+
+    def new_page(self, **options: object) -> object:
+        page = self._browser.new_page(**options)  # type: ignore[attr-defined]
+        page.set_default_timeout(PAGE_TIMEOUT_MS)
+        return page
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._browser, name)
 
 
 def _missing(what: str) -> None:
@@ -39,18 +62,24 @@ def browser() -> Iterator[object]:
         _missing(f"chromium is not at {CHROMIUM}")
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
-        yield browser
+        yield _Patient(browser)
         browser.close()
 
 
 @pytest.fixture()
 def companion_behind_proxy() -> Iterator[ProxyThread]:
     """A real tiny companion process behind a fault proxy (the switch takes it away)."""
-    proc, url = start_companion(str(tiny_model_dir("llama", seed=1)),
-                                str(tiny_model_dir("llama", seed=0)), timeout_s=120)
-    try:
-        with ProxyThread(url, Faults(delay_s=0.01)) as proxy:
-            yield proxy
-    finally:
-        proc.terminate()
-        proc.wait(10)
+    with proxied(str(tiny_model_dir("llama", seed=1)), str(tiny_model_dir("llama", seed=0)),
+                 timeout_s=120) as proxy:
+        yield proxy
+
+
+@pytest.fixture(scope="module")
+def node_client_built() -> None:
+    node = shutil.which("node")
+    if node is None or shutil.which("npm") is None:
+        skip_or_fail("node/npm not found")
+    folder = REPO / "bindings" / "node"
+    for cmd in (["npm", "ci", "--no-audit", "--no-fund", "--loglevel=error"],
+                ["npm", "run", "build", "--silent"]):
+        subprocess.run(cmd, cwd=folder, check=True, capture_output=True, timeout=300)

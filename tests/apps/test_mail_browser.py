@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
-import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,6 +16,7 @@ import pytest
 from apps_helpers import (
     REPO,
     capture_streams,
+    check_widths,
     choose_leak_guard,
     done_event,
     leak_guard_line,
@@ -25,7 +24,6 @@ from apps_helpers import (
     screenshot,
     start_app,
 )
-from ci import skip_or_fail
 
 from specsteer.history import HistoryStore, retrieve
 
@@ -34,22 +32,11 @@ CANARY = "Quillwort-canary-2468"  # in the history: private
 DRAFT = "Thanks Priya, the salad will be fine under fleece tonight, and"
 
 
-@pytest.fixture(scope="module")
-def node_client_built() -> None:
-    node = shutil.which("node")
-    if node is None or shutil.which("npm") is None:
-        skip_or_fail("node/npm not found")
-    folder = REPO / "bindings" / "node"
-    for cmd in (["npm", "ci", "--no-audit", "--no-fund", "--loglevel=error"],
-                ["npm", "run", "build", "--silent"]):
-        subprocess.run(cmd, cwd=folder, check=True, capture_output=True, timeout=300)
-
-
 @pytest.fixture()
 def mail_app(node_client_built, companion_behind_proxy, tmp_path: Path) -> Iterator[tuple]:
     history = tmp_path / "mail.db"
     proc, url = start_app(
-        ["node", str(REPO / "sample_apps" / "mail" / "server.mjs"), "--port", "0",
+        ["node", str(REPO / "sample_apps" / "mail" / "server.mjs"), "--tiny", "--port", "0",
          "--companion", companion_behind_proxy.url, "--history", str(history),
          "--min-token-ms", "40"],
         "SpecSteer Mail on", env={"SPECSTEER_PYTHON": sys.executable})
@@ -73,6 +60,7 @@ def test_reply_draft_offline_and_back_then_send(browser, mail_app, tmp_path: Pat
     page.wait_for_selector("#messages li >> text=Frost on plot 14")
     assert page.locator("#messages li").count() == 7
     page.wait_for_selector("#badge.online")
+    assert page.inner_text("#test-banner").startswith("test models: random text")
     # a private mail of the user's that the reply below retrieves as context
     mbox = tmp_path / "private.mbox"
     mbox.write_text(_mbox("Fleece for the winter salads",
@@ -97,12 +85,12 @@ def test_reply_draft_offline_and_back_then_send(browser, mail_app, tmp_path: Pat
     page.click("#privacy-toggle")
     page.click("#draft")
     page.wait_for_function(f"document.querySelectorAll('{COLLAB}').length >= 8")
-    screenshot(page, "mail-draft.png")
+    screenshot(page, "tiny-mail-draft.png")
     # the companion goes away mid-draft: offline badge, the on-device model goes on
     proxy.set_online(False)
     page.wait_for_selector("#suggestion-text .tok.local")
     page.wait_for_selector("#badge.offline")
-    screenshot(page, "mail-offline.png")
+    screenshot(page, "tiny-mail-offline.png")
     # it comes back: the bridge reconnects and steering resumes in the same draft
     proxy.set_online(True)
     page.wait_for_function(
@@ -111,7 +99,7 @@ def test_reply_draft_offline_and_back_then_send(browser, mail_app, tmp_path: Pat
         " return i >= 0 && t.slice(i).some(s => s.dataset.provenance !== 'local'); })()",
         timeout=20000)
     page.wait_for_selector("#badge.online")
-    screenshot(page, "mail-resumed.png")
+    screenshot(page, "tiny-mail-resumed.png")
     page.wait_for_selector("#draft:enabled", timeout=60000)
     # the draft started from the prompt prepared while typing (all of it, or all but its last
     # tokens)
@@ -130,6 +118,10 @@ def test_reply_draft_offline_and_back_then_send(browser, mail_app, tmp_path: Pat
     page.wait_for_function(f"document.querySelectorAll('{COLLAB}').length >= 3")
     page.click("#cancel")
     page.wait_for_selector("#suggestion-state >> text=cancelled")
+    # the cancelled draft keeps its counts: the tokens it wrote, by who decided them
+    shown = page.locator("#suggestion-text .tok").count()
+    assert re.fullmatch(rf"cancelled · {shown} tokens? \(\d+ [a-z ]+(, \d+ [a-z ]+)*\)",
+                        page.inner_text("#suggestion-state"))
     suggestion = "".join(page.locator("#suggestion-text .tok").all_text_contents())
     page.click("#accept")
     drafted = page.input_value("#c-body")
@@ -148,11 +140,35 @@ def test_reply_draft_offline_and_back_then_send(browser, mail_app, tmp_path: Pat
     page.wait_for_function("document.querySelectorAll('#frames li').length > 10")
     panel = page.inner_text("#frames")
     assert "OpenSession" in panel and "Draft" in panel and "Resume" in panel
+    # the Resume after the reconnect, in words: the request and the text so far, decoded
+    resume = page.locator("#frames li[data-type=Resume]").first
+    assert "the link was lost" in resume.inner_text()
+    assert resume.locator("q[data-field=prompt_ids]").text_content().endswith(DRAFT)
+    assert resume.locator("q[data-field=committed_ids]").text_content()
+    words = page.locator("#frames .detail").all_inner_texts()
+    assert words and not [w for w in words if w.lstrip().startswith("{")]
     request = public_request(page)
     assert "Frost on plot 14" in request and request.endswith(DRAFT)
     for private in (CANARY, "blue crate", "Dirt under the nails", "envelopes", "Practical bits"):
         assert private not in panel and private not in request
-    screenshot(page, "mail-privacy.png")
+    screenshot(page, "tiny-mail-privacy.png")
+    page.close()
+
+
+def test_the_draft_and_the_panel_fit_from_a_phone_to_a_laptop(browser, mail_app) -> None:
+    """A reply being drafted, with the privacy panel open, at 390, 800 and 1,400 px: nothing
+    outside the window, clipped ("Use this draft", "Replying") or on top of something else."""
+    url, _, _ = mail_app
+    page = browser.new_page(viewport={"width": 1400, "height": 860})
+    page.goto(url)
+    page.wait_for_selector("#badge.online")
+    page.click("#messages li >> text=Frost on plot 14")
+    page.click("#reply")
+    page.fill("#c-body", DRAFT)
+    page.click("#privacy-toggle")
+    page.click("#draft")
+    page.wait_for_selector("#draft:enabled", timeout=60000)
+    check_widths(page, "tiny-mail")
     page.close()
 
 

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from apps_helpers import (
     capture_streams,
+    check_widths,
     choose_leak_guard,
     done_event,
     leak_guard_line,
@@ -32,7 +33,7 @@ COLLAB = ", ".join(f"#suggestion-text .tok.{p}" for p in ("draft", "recovered", 
 def notes_app(companion_behind_proxy, tmp_path: Path) -> Iterator[tuple[str, object, Path]]:
     history = tmp_path / "notes.db"
     proc, url = start_app(
-        python_app("sample_apps/notes/app.py", "--port", "0", "--companion",
+        python_app("sample_apps/notes/app.py", "--tiny", "--port", "0", "--companion",
                    companion_behind_proxy.url, "--history", str(history), "--min-token-ms", "40"),
         "SpecSteer Notes on")
     try:
@@ -48,6 +49,8 @@ def test_write_continue_lose_and_regain_the_companion(browser, notes_app) -> Non
     page.goto(url)
     page.wait_for_selector("#note-list li")
     page.wait_for_selector("#badge.online")
+    # the tiny test models write random text: the page says so
+    assert page.inner_text("#test-banner").startswith("test models: random text")
 
     # an earlier note, saved: private history the continuation below retrieves
     page.click("#new-note")
@@ -80,13 +83,13 @@ def test_write_continue_lose_and_regain_the_companion(browser, notes_app) -> Non
     streamed = page.locator("#suggestion-text .tok").count()
     page.wait_for_function(
         f"document.querySelectorAll('#suggestion-text .tok').length > {streamed}")
-    screenshot(page, "notes-online.png")
+    screenshot(page, "tiny-notes-online.png")
 
     # the companion goes away: badge offline, the on-device model goes on (local tokens)
     proxy.set_online(False)
     page.wait_for_selector("#badge.offline")
     page.wait_for_selector("#suggestion-text .tok.local")
-    screenshot(page, "notes-offline.png")
+    screenshot(page, "tiny-notes-offline.png")
 
     # it comes back: collaboration resumes in the same continuation
     proxy.set_online(True)
@@ -108,17 +111,34 @@ def test_write_continue_lose_and_regain_the_companion(browser, notes_app) -> Non
     reused, total = map(int, prefilled.groups())
     assert total - 3 <= reused <= total, done
 
-    # the privacy panel: frames up and down, the public request visible, no private text
+    # the privacy panel: frames up and down in words, the public request as text, no private
+    # text; the token ids only on demand
     page.wait_for_function("document.querySelectorAll('#frames li').length > 10")
     panel = page.inner_text("#frames")
     assert "OpenSession" in panel and "Draft" in panel and "Verdict" in panel
+    assert "a session opens on the public request" in panel
+    words = page.locator("#frames .detail").all_inner_texts()
+    assert len(words) == page.locator("#frames li").count()
+    assert not [w for w in words if w.lstrip().startswith("{")]  # words, never raw JSON
+    drafted = page.locator("#frames li[data-type=Draft] q[data-field=draft_ids]").first
+    assert drafted.is_visible() and drafted.text_content()
+    ids = page.locator("#frames li[data-type=Draft] details.ids").first
+    assert not ids.locator("span").first.is_visible()
+    ids.locator("summary").click()
+    assert ids.locator("span").first.is_visible()  # "ID \"text\"" chips, on demand
+    assert "Public, sent to the companion:" in page.inner_text(".privacy-head")
+    assert "Private, never sent:" in page.inner_text(".privacy-head")
     # the public request: the title and the note being continued (the user asked for help
     # with it), then nothing of the history the model read
     request = public_request(page)
     assert "Bulb planting day" in request and request.endswith(f"{DRAFT} Bring")
     for private in ("Marigold", "canary", "co-op", "Dirt under the nails", "Chicken-wire"):
         assert private not in panel and private not in request
-    screenshot(page, "notes-privacy.png")
+    screenshot(page, "tiny-notes-privacy.png")
+    # the same page from a phone to a laptop: nothing outside the window, clipped or on top of
+    # something else, the note and the suggestion wide enough to read
+    check_widths(page, "tiny-notes")
+    page.set_viewport_size({"width": 1400, "height": 860})
 
     # accept appends the continuation to the note (it continues "Bring") and saves it
     suggestion = "".join(page.locator("#suggestion-text .tok").all_text_contents())
@@ -143,6 +163,11 @@ def test_search_cancel_and_delete_forgets(browser, notes_app) -> None:
     page.click("#cancel")
     page.wait_for_selector("#suggestion-state >> text=cancelled")
     assert not page.locator("#cancel").is_visible()
+    # a cancelled suggestion keeps its counts: the tokens it wrote, by who decided them
+    state = page.inner_text("#suggestion-state")
+    shown = page.locator("#suggestion-text .tok").count()
+    assert re.fullmatch(rf"cancelled · {shown} tokens? \((\d+ [a-z ]+)(, \d+ [a-z ]+)*\)", state), \
+        state
 
     page.once("dialog", lambda dialog: dialog.accept())
     page.click("#delete")
@@ -172,4 +197,25 @@ def test_the_settings_choose_the_leak_guard_the_panel_reports(browser, notes_app
     done = done_event(stream)
     assert (done["leak_guard"], done["leak_flagged"], done["leak_redacted"], done["leak_held"]) \
         == (policy, flagged, cut, kept)
+    page.close()
+
+
+def test_a_fully_offline_continuation_says_so(browser, notes_app) -> None:
+    """No companion at all during the continuation: every token is the device's, and the end
+    of the suggestion says "offline" (not "partly offline · 0 % drafts accepted")."""
+    url, proxy, _ = notes_app
+    page = browser.new_page()
+    page.goto(url)
+    page.wait_for_selector("#badge.online")
+    proxy.set_online(False)
+    page.wait_for_selector("#badge.offline")
+    page.click("#note-list li >> text=Courgette glut")
+    page.click("#continue")
+    page.wait_for_selector("#cancel", state="hidden", timeout=60000)
+    state = page.inner_text("#suggestion-state")
+    tokens = page.locator("#suggestion-text .tok")
+    assert tokens.count() and tokens.count() == page.locator("#suggestion-text .tok.local").count()
+    assert re.match(r"\d+ tokens · offline: written on this device alone · \d+ bytes on the wire",
+                    state), state
+    assert "partly" not in state and "accepted" not in state
     page.close()

@@ -1,37 +1,76 @@
-"""The notes app on the real pair (Qwen2.5 0.5B on the device, 1.5B in the companion), in a
-real browser: a steered continuation that goes on from the note instead of restating it, a
-prompt prepared while typing, and a public request that holds the title and the note being
-continued but none of the history the model read."""
+"""Both apps on the real pair (Qwen2.5 0.5B on the device, 1.5B in the companion), their
+default, in a real browser: a steered continuation that goes on from the note instead of
+restating it, a prompt prepared while typing, a public request that holds the title and the note
+but none of the history, the companion lost and back inside one continuation, a reply drafted in
+the mail app; each page checked and photographed at 390, 800 and 1,400 px
+(`SPECSTEER_SCREENSHOTS=docs/img` writes the pictures of docs/apps.md). They load both models:
+run them under the heavy-job lock (`flock /tmp/specsteer-heavy.lock pytest -m real_model ...`)."""
 
 from __future__ import annotations
 
 import os
 import re
+import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from apps_helpers import public_request, python_app, screenshot, start_app
+from apps_helpers import REPO, check_widths, public_request, python_app, screenshot, start_app
+from apps_helpers import companion_behind_proxy as proxied
+from ci import skip_or_fail
+
+from specsteer_companion.proxy import ProxyThread
 
 pytestmark = pytest.mark.real_model
 
 NOTE = "Bulbs go in this Saturday, 10 till 12, by the kids' corner.\n\nPractical bits:\n-"
+REPLY = "Hi Priya, good question about the salad."
+STEERED = "document.querySelectorAll('#suggestion-text .tok:not(.local)').length"
 
 
-def test_notes_continue_on_the_real_pair(browser, tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def real_pair() -> tuple[str, str]:
+    """(Specialist, Generalist) folders of the compiled pair the apps run by default."""
     if os.environ.get("SPECSTEER_SKIP_REAL"):
         pytest.skip("SPECSTEER_SKIP_REAL is set")
+    sys.path.insert(0, str(REPO / "sample_apps"))
+    from companion import models
+
+    try:
+        return models(tiny=False)
+    except SystemExit as missing:
+        skip_or_fail(str(missing))
+        raise
+
+
+@pytest.fixture()
+def companion_behind_proxy(real_pair) -> Iterator[ProxyThread]:
+    with proxied(real_pair[1], real_pair[0], timeout_s=600) as proxy:
+        yield proxy
+
+
+def _tokens(page) -> tuple[str, set[str]]:
+    tokens = page.locator("#suggestion-text .tok")
+    provenance = {tokens.nth(i).get_attribute("data-provenance") for i in range(tokens.count())}
+    return "".join(tokens.all_text_contents()), provenance
+
+
+def test_notes_on_the_real_pair(browser, companion_behind_proxy, tmp_path: Path) -> None:
+    proxy = companion_behind_proxy
     proc, url = start_app(
-        python_app("sample_apps/notes/app.py", "--real", "--port", "0", "--history",
-                   str(tmp_path / "notes.db"), "--max-new-tokens", "60"),
+        python_app("sample_apps/notes/app.py", "--port", "0", "--companion", proxy.url,
+                   "--history", str(tmp_path / "notes.db"), "--max-new-tokens", "60"),
         "SpecSteer Notes on")
     try:
         page = browser.new_page(viewport={"width": 1400, "height": 860})
         page.goto(url)
         page.wait_for_selector("#badge.online", timeout=60000)
+        page.wait_for_selector("#note-list li")
+        assert page.locator("#test-banner").count() == 0  # the real pair: no test banner
         page.click("#new-note")
         page.fill("#title", "Bulb planting day")
         page.fill("#body", NOTE)
-        page.wait_for_selector("#prepared:visible", timeout=30000)
+        page.wait_for_selector("#prepared:visible", timeout=60000)
         page.click("#privacy-toggle")
         page.click("#continue")
         page.wait_for_selector("#cancel:visible")
@@ -44,11 +83,8 @@ def test_notes_continue_on_the_real_pair(browser, tmp_path: Path) -> None:
         assert prefilled, state
         reused, total = map(int, prefilled.groups())
         assert total - 3 <= reused <= total, state
-        tokens = page.locator("#suggestion-text .tok")
-        provenance = {tokens.nth(i).get_attribute("data-provenance")
-                      for i in range(tokens.count())}
+        text, provenance = _tokens(page)
         assert provenance & {"draft", "recovered", "bonus"} and "local" not in provenance
-        text = "".join(tokens.all_text_contents())
         print(f"\ncontinuation of the note on the real pair: {text!r}")
         assert len(text.split()) >= 10
         # it goes on from the note: not the title again, not the note's opening restated
@@ -61,9 +97,53 @@ def test_notes_continue_on_the_real_pair(browser, tmp_path: Path) -> None:
         assert "Bulb planting day" in request and request.endswith(NOTE)
         for private in ("Dirt under the nails", "Small win", "growers", "envelopes"):
             assert private not in request
-        screenshot(page, "notes-real.png")
+        screenshot(page, "notes-privacy.png")
+        check_widths(page, "notes")
+        page.set_viewport_size({"width": 1400, "height": 860})
         page.click("#accept")
         assert page.input_value("#body") == NOTE + text
+
+        # the companion lost and back inside one continuation
+        page.click("#continue")
+        page.wait_for_function(f"{STEERED} >= 4", timeout=300000)
+        proxy.set_online(False)
+        page.wait_for_selector("#suggestion-text .tok.local", timeout=300000)
+        page.wait_for_selector("#badge.offline")
+        screenshot(page, "notes-offline.png")
+        proxy.set_online(True)
+        page.wait_for_selector("#cancel", state="hidden", timeout=600000)
+        assert "partly offline" in page.inner_text("#suggestion-state")
+        page.close()
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
+def test_mail_on_the_real_pair(browser, real_pair, node_client_built, tmp_path: Path) -> None:
+    """The mail app's defaults: the real pair and a companion of its own."""
+    proc, url = start_app(
+        ["node", str(REPO / "sample_apps" / "mail" / "server.mjs"), "--port", "0", "--history",
+         str(tmp_path / "mail.db"), "--max-new-tokens", "60"],
+        "SpecSteer Mail on", env={"SPECSTEER_PYTHON": sys.executable})
+    try:
+        page = browser.new_page(viewport={"width": 1400, "height": 860})
+        page.goto(url)
+        page.wait_for_selector("#badge.online", timeout=120000)
+        assert page.locator("#test-banner").count() == 0
+        page.click("#messages li >> text=Frost on plot 14")
+        page.click("#reply")
+        page.fill("#c-body", REPLY)
+        page.wait_for_selector("#prepared:visible", timeout=60000)
+        page.click("#privacy-toggle")
+        page.click("#draft")
+        page.wait_for_selector("#draft:enabled", timeout=600000)
+        text, provenance = _tokens(page)
+        print(f"\nreply drafted on the real pair: {text!r}")
+        assert provenance & {"draft", "recovered", "bonus"} and "local" not in provenance
+        assert len(text.split()) >= 10
+        assert public_request(page).endswith(REPLY)
+        screenshot(page, "mail-privacy.png")
+        check_widths(page, "mail")
         page.close()
     finally:
         proc.terminate()

@@ -29,6 +29,7 @@ from specsteer.models.tiny import tiny_model_dir
 from specsteer_companion.process import start_companion
 
 MESSAGES = [{"role": "user", "content": "Budget for the next quarter"}]
+MODEL = "tiny-llama-s0"  # the served model's id: the bridge's Specialist
 
 
 def start_http(spawn, tmp_path: Path, *args: str) -> tuple[object, str, str]:
@@ -72,19 +73,22 @@ def test_bad_token_bad_host_and_bad_body(spawn, tmp_path) -> None:
     with pytest.raises(openai.AuthenticationError):
         openai.OpenAI(base_url=url, api_key="wrong-" + token, max_retries=0).models.list()
     client = openai.OpenAI(base_url=url, api_key=token, max_retries=0)
-    with pytest.raises(openai.BadRequestError, match="max_new_tokens"):
-        client.chat.completions.create(model="x", messages=[{"role": "user", "content": "hi"}],
+    with pytest.raises(openai.BadRequestError, match=r"max_tokens: -1 is less than the minimum"
+                       ) as refused:
+        client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}],
                                        max_tokens=-1)
-    with pytest.raises(openai.BadRequestError, match="user message"):
-        client.chat.completions.create(model="x", messages=[{"role": "system", "content": "s"}])
+    assert refused.value.param == "max_tokens"
+    with pytest.raises(openai.BadRequestError, match=r"messages\[0\] \(role 'system'\) is not "
+                       "read"):
+        client.chat.completions.create(model=MODEL, messages=[{"role": "system", "content": "s"}])
     with pytest.raises(openai.BadRequestError, match="n = 1"):
-        client.chat.completions.create(model="x", messages=MESSAGES, n=2)
+        client.chat.completions.create(model=MODEL, messages=MESSAGES, n=2)
     with pytest.raises(openai.NotFoundError):
-        client.completions.create(model="x", prompt="legacy completions are not served")
+        client.completions.create(model=MODEL, prompt="legacy completions are not served")
     # a refused request's unread body must not be taken for the next request on the connection
     address = urlsplit(url)
     connection = http.client.HTTPConnection(address.hostname, address.port, timeout=30)
-    body = json.dumps({"model": "m", "messages": MESSAGES, "max_tokens": 2})
+    body = json.dumps({"model": MODEL, "messages": MESSAGES, "max_tokens": 2})
     for auth, code in (("wrong", 401), (token, 200), ("wrong", 401), (token, 200)):
         connection.request("POST", "/v1/chat/completions", body,
                            {"Authorization": f"Bearer {auth}", "Content-Type": "application/json"})
@@ -111,22 +115,30 @@ def test_bad_token_bad_host_and_bad_body(spawn, tmp_path) -> None:
 
 
 def test_a_failed_generation_is_an_error_streamed_or_not(spawn, tmp_path) -> None:
-    """offline "fail" without a companion: 500 with the bridge's reason, or, streamed, a last
-    chunk with finish_reason "error" and the JSON-RPC error object."""
-    bridge, url, token = start_http(spawn, tmp_path)
+    """offline "fail" without a companion: 503 with the bridge's reason (a companion may come
+    back: the client may retry), or, streamed, a last chunk with finish_reason "error" and the
+    JSON-RPC error object."""
+    bridge, url, token = start_http(spawn, tmp_path, "--companion",
+                                    f"ws://127.0.0.1:{_closed_port()}")
     client = openai.OpenAI(base_url=url, api_key=token, max_retries=0)
     fail = {"specsteer": {"offline": "fail"}}
     with pytest.raises(openai.InternalServerError) as failed:
-        client.chat.completions.create(model="m", messages=MESSAGES, extra_body=fail)
-    assert failed.value.status_code == 500 and failed.value.code == "companion_unavailable"
-    chunks = list(client.chat.completions.create(model="m", messages=MESSAGES, stream=True,
+        client.chat.completions.create(model=MODEL, messages=MESSAGES, extra_body=fail)
+    assert failed.value.status_code == 503 and failed.value.code == "companion_unavailable"
+    chunks = list(client.chat.completions.create(model=MODEL, messages=MESSAGES, stream=True,
                                                  extra_body=fail))
     assert chunks[-1].choices[0].finish_reason == "error"
     error = chunks[-1].model_extra["specsteer"]["error"]
     assert error["code"] == -32050 and error["data"]["reason"] == "companion_unavailable"
-    assert client.chat.completions.create(model="m", messages=MESSAGES,
+    assert client.chat.completions.create(model=MODEL, messages=MESSAGES,
                                           max_tokens=2).usage.completion_tokens == 2
     assert bridge.close() == 0
+
+
+def _closed_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
 
 
 LONG = 1500  # tokens: more than the generation would reach before the test acts on it
@@ -175,13 +187,13 @@ def test_busy_while_streaming_then_disconnect_cancels(spawn, own_companion, tmp_
     bridge, url, token = start_http(spawn, tmp_path, "--companion", companion_url)
     client = openai.OpenAI(base_url=url, api_key=token, max_retries=0)
     with stalled(companion):
-        stream = client.chat.completions.create(model="m", messages=MESSAGES, max_tokens=LONG,
+        stream = client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=LONG,
                                                 stream=True)
         first = next(iter(stream))  # the role chunk: the generation has started
         assert wait_status(bridge, lambda s: s["generating"] is not None)["generating"] \
             == first.id
         with pytest.raises(openai.RateLimitError) as busy:
-            client.chat.completions.create(model="m", messages=MESSAGES, max_tokens=4)
+            client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=4)
         assert busy.value.status_code == 429 and busy.value.code == "busy"
         assert first.id in busy.value.message
         refused = bridge.call("generate", {"query": "x", "max_new_tokens": 4})["error"]
@@ -193,7 +205,7 @@ def test_busy_while_streaming_then_disconnect_cancels(spawn, own_companion, tmp_
         # cancelled while the companion stalled, not once the device gave up on it and went on
         # locally (then a piece written to the closed connection would have failed)
         assert status["last_mode"] is None, bridge.stderr()
-    done = client.chat.completions.create(model="m", messages=MESSAGES, max_tokens=8)
+    done = client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=8)
     assert done.choices[0].finish_reason == "length" and done.usage.completion_tokens == 8
     assert bridge.call("status")["result"]["cancelled"] == 1
     assert bridge.close() == 0
@@ -205,7 +217,7 @@ def test_openai_client_retries_busy_until_served(spawn, own_companion, tmp_path)
     bridge, url, token = start_http(spawn, tmp_path, "--companion", companion_url)
     with stalled(companion):
         stream = openai.OpenAI(base_url=url, api_key=token, max_retries=0
-                               ).chat.completions.create(model="m", messages=MESSAGES,
+                               ).chat.completions.create(model=MODEL, messages=MESSAGES,
                                                          max_tokens=LONG, stream=True)
         next(iter(stream))
         wait_status(bridge, lambda s: s["generating"] is not None)
@@ -219,7 +231,7 @@ def test_openai_client_retries_busy_until_served(spawn, own_companion, tmp_path)
         leaving = threading.Timer(0.5, leave)
         leaving.start()
         patient = openai.OpenAI(base_url=url, api_key=token, max_retries=5)
-        done = patient.chat.completions.create(model="m", messages=MESSAGES, max_tokens=4)
+        done = patient.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=4)
         leaving.join()
     assert done.usage.completion_tokens == 4
     codes = re.findall(r'"POST /v1/chat/completions HTTP/1.1" (\d+)', bridge.stderr())
@@ -238,7 +250,7 @@ def test_disconnect_cancels_a_completion_that_is_not_streamed(spawn, own_compani
     with stalled(companion):
         connection = http.client.HTTPConnection(address.hostname, address.port, timeout=30)
         connection.request("POST", "/v1/chat/completions", json.dumps(
-            {"model": "m", "messages": MESSAGES, "max_tokens": LONG}),
+            {"model": MODEL, "messages": MESSAGES, "max_tokens": LONG}),
             {"Authorization": f"Bearer {token}", "Content-Type": "application/json"})
         wait_status(bridge, lambda s: s["generating"] is not None)
         connection.close()  # before any answer

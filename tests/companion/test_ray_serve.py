@@ -28,7 +28,7 @@ import pytest
 
 from specsteer import protocol
 from specsteer.client import Client
-from specsteer.errors import CompanionError, CompanionUnavailable
+from specsteer.errors import CompanionError, CompanionTLSError, CompanionUnavailable
 from specsteer.link import CompanionLink
 from specsteer.models.tiny import tiny_model_dir
 from specsteer.protocol import ErrorCode, Limits
@@ -287,7 +287,7 @@ def test_tls_only_for_devices_that_trust_the_certificate(cluster, tiny_model):
     assert cluster.url.startswith("wss://")
     untrusting = Client(tiny_model, companion=cluster.url, token=cluster.secret,
                         ssl_context=client_ssl_context())  # system CAs only
-    with pytest.raises(CompanionUnavailable):
+    with pytest.raises(CompanionTLSError):
         untrusting.generate(SUBJECT, max_new_tokens=4, offline="fail")
     plain = Client(tiny_model, companion=f"ws://127.0.0.1:{cluster.port}", token=cluster.secret)
     with pytest.raises(CompanionUnavailable):

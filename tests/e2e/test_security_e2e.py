@@ -9,7 +9,7 @@ from privacy_audit import assert_canary_not_sent
 
 from specsteer import protocol
 from specsteer.client import Client
-from specsteer.errors import CompanionError, CompanionUnavailable
+from specsteer.errors import CompanionAuthError, CompanionError, CompanionTLSError
 from specsteer.history import HistoryStore
 from specsteer.protocol import ErrorCode
 from specsteer_companion.auth import TokenStore
@@ -48,18 +48,21 @@ def test_tokens_valid_missing_wrong_and_revoked(tiny_model, tiny_generalist, sto
     with server.running() as url:
         ok = Client(tiny_model, history=store, companion=url, token=issued.secret)
         assert not ok.generate("Team offsite", max_new_tokens=8, offline="fail").stats.degraded
-        for bad in ["", "sst_0000000000000000_" + "x" * 43, _tampered(issued.secret)]:
-            client = Client(tiny_model, history=store, companion=url, token=bad)
-            with pytest.raises(CompanionError) as info:
+        missing = Client(tiny_model, history=store, companion=url)  # no token at all
+        for client in [missing, *(Client(tiny_model, history=store, companion=url, token=bad)
+                                  for bad in ["sst_0000000000000000_" + "x" * 43,
+                                              _tampered(issued.secret)])]:
+            with pytest.raises(CompanionAuthError) as info:
                 client.generate("Team offsite", max_new_tokens=8, offline="fail")
             assert info.value.code == ErrorCode.AUTH_FAILED
         assert tokens.revoke(other.token_id)
         revoked = Client(tiny_model, history=store, companion=url, token=other.secret)
-        with pytest.raises(CompanionError, match="revoked"):
+        with pytest.raises(CompanionAuthError, match="revoked"):
             revoked.generate("Team offsite", max_new_tokens=8, offline="fail")
-        # refused clients degrade gracefully by default: the app still gets text
-        degraded = revoked.generate("Team offsite", max_new_tokens=8)
-        assert degraded.stats.degraded and degraded.tokens
+        # a refused token is a configuration mistake, not "offline": the default policy
+        # raises too instead of writing local-only text (tests/e2e/test_config_errors.py)
+        with pytest.raises(CompanionAuthError, match="revoked"):
+            revoked.generate("Team offsite", max_new_tokens=8)
 
 
 def test_canary_over_tls(tiny_model, tiny_generalist, store, tmp_path):
@@ -84,7 +87,7 @@ def test_canary_over_tls(tiny_model, tiny_generalist, store, tmp_path):
         untrusting = Client(
             tiny_model, history=store, companion=url, ssl_context=client_ssl_context()
         )
-        with pytest.raises(CompanionUnavailable):
+        with pytest.raises(CompanionTLSError):
             untrusting.generate("Team offsite", max_new_tokens=4, offline="fail")
 
 

@@ -55,9 +55,9 @@ def test_tokens_and_tls_through_the_cli(tiny_model, tmp_path):
         ok = Client(tiny_model, history=history, companion=url, token=device.secret,
                     ssl_context=tls)
         assert not ok.generate("Team offsite", max_new_tokens=8, offline="fail").stats.degraded
-        for bad in ("", device.secret[:-1] + ("A" if device.secret[-1] != "A" else "B")):
-            refused = Client(tiny_model, history=history, companion=url, token=bad,
-                             ssl_context=tls)
+        for bad in (None, device.secret[:-1] + ("A" if device.secret[-1] != "A" else "B")):
+            refused = Client(tiny_model, history=history, companion=url, ssl_context=tls,
+                             **({} if bad is None else {"token": bad}))
             with pytest.raises(CompanionError) as info:
                 refused.generate("Team offsite", max_new_tokens=4, offline="fail")
             assert info.value.code == ErrorCode.AUTH_FAILED

@@ -51,7 +51,8 @@ def test_after_the_switch_the_method_writes_as_if_started_there(
     assert stats.warm_tokens == switch and stats.switch_s is not None
     # before the switch: exactly the Generalist alone (the LLM baseline's tokens)
     llm, llm_prov, _, _ = _run(tiny_model, tiny_generalist, prompt,
-                               Params(method="llm", max_new_tokens=switch))
+                               Params(method="llm", max_new_tokens=switch)) if switch \
+        else ([], [], None, None)
     assert tokens[:switch] == llm and provenance[:switch] == ["generalist"] * switch
     # after it: a cold generation of the method over both prompts plus those tokens
     pre = tokens[:switch]

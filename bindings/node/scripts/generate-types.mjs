@@ -53,7 +53,7 @@ function titledSchemas(schemaDir) {
     const stem = file.slice(0, -".json".length);
     for (const [key, definition] of Object.entries(doc.$defs)) {
       definition.title = stem === "common" ? COMMON_NAMES[key] ?? pascal(key)
-        : stem === "error" ? "ErrorData" : pascal(stem) + pascal(key);
+        : stem === "error" ? "Error" + pascal(key) : pascal(stem) + pascal(key);
     }
     docs[file] = doc;
   }

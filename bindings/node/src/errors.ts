@@ -40,7 +40,8 @@ export class BridgeExitedError extends Error {
   }
 }
 
-/** The application codes of protocol v1 (JSON-RPC's own codes included). */
+/** The application codes of protocol v1 (JSON-RPC's own codes included): bindings/schema/v1/
+ * error.json's `codes` (test/client.test.mjs checks they are the same). */
 export const ErrorCodes = {
   PARSE_ERROR: -32700,
   INVALID_REQUEST: -32600,
@@ -49,6 +50,9 @@ export const ErrorCodes = {
   INTERNAL_ERROR: -32603,
   LINE_TOO_LONG: -32001,
   BUSY: -32020,
+  UNKNOWN_TASK: -32030,
+  INVALID_QUERY: -32031,
+  PROMPT_TOO_LONG: -32032,
   HISTORY_LOCKED: -32040,
   HISTORY_ERROR: -32041,
   RECORD_NOT_FOUND: -32042,

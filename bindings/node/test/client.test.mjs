@@ -1,17 +1,24 @@
 // The Node client against a real `specsteer bridge` and a real companion (tiny models).
 import assert from "node:assert/strict";
-import { mkdtempSync, rmSync } from "node:fs";
+import { mkdtempSync, readFileSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { after, before, test } from "node:test";
 
 import { BridgeError, BridgeExitedError, BridgeStartError, ErrorCodes, SpecSteerClient }
   from "../dist/index.js";
-import { clientOptions, startCompanion } from "./helpers.mjs";
+import { clientOptions, REPO, startCompanion } from "./helpers.mjs";
 
 let companion;
 before(async () => { companion = await startCompanion(); });
 after(async () => { await companion?.kill(); });
+
+test("ErrorCodes are bindings/schema/v1/error.json's codes", () => {
+  const schema = JSON.parse(readFileSync(join(REPO, "bindings", "schema", "v1", "error.json"),
+    "utf8"));
+  assert.deepEqual(Object.fromEntries(Object.entries(ErrorCodes)
+    .map(([name, code]) => [name.toLowerCase(), code])), schema.codes);
+});
 
 // paced 20 ms a piece: the tiny model may reach end-of-text early, in well under a second
 const LONG = { query: "Budget for the next quarter", max_new_tokens: 1500, min_token_ms: 20 };

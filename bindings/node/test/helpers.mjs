@@ -1,6 +1,7 @@
 // Test helpers: this repository's Python, the tiny model pair, a real companion process.
 import { spawn, execFileSync } from "node:child_process";
-import { existsSync } from "node:fs";
+import { existsSync, mkdtempSync, readFileSync, rmSync } from "node:fs";
+import { tmpdir } from "node:os";
 import { dirname, join } from "node:path";
 import { createInterface } from "node:readline";
 import { fileURLToPath } from "node:url";
@@ -46,4 +47,28 @@ export function startCompanion() {
 
 export function clientOptions(...bridgeArgs) {
   return { python: PYTHON, env: ENV, bridgeArgs: ["--specialist", tinyModel(0), ...bridgeArgs] };
+}
+
+/**
+ * A real companion and a bridge serving `--http` on a free loopback port, the bearer token in a
+ * fresh folder: resolves { companion, bridge, tokenFile, token, close }.
+ */
+export async function startHttpBridge(SpecSteerClient) {
+  const companion = await startCompanion();
+  const dir = mkdtempSync(join(tmpdir(), "specsteer-http-"));
+  const tokenFile = join(dir, "token");
+  let bridge;
+  try {
+    bridge = await SpecSteerClient.start(clientOptions("--companion", companion.url,
+      "--http", "127.0.0.1:0", "--http-token-file", tokenFile));
+  } catch (error) {
+    await companion.kill();
+    throw error;
+  }
+  return { companion, bridge, tokenFile, token: readFileSync(tokenFile, "utf8").trim(),
+    close: async () => {
+      await bridge.close();
+      await companion.kill();
+      rmSync(dir, { recursive: true, force: true });
+    } };
 }

@@ -152,6 +152,7 @@ async function refreshStatus() {
   if (state.generating) return;
   try {
     const s = await api("/api/status");
+    showTestModels(s.test_models);
     setBadge($("badge"), s.mode, s.reason);
   } catch (err) { setBadge($("badge"), "unknown", err.message); }
 }

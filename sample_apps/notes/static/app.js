@@ -122,6 +122,7 @@ async function refreshStatus() {
   if (state.generating) return; // mode events drive the badge while writing
   try {
     const s = await api("/api/status");
+    showTestModels(s.test_models);
     setBadge($("badge"), s.settings.companion ? s.mode : "none", s.reason);
   } catch (err) { setBadge($("badge"), "unknown", err.message); }
 }

@@ -11,14 +11,19 @@ from typing import Any
 
 from specsteer.errors import (
     CompanionError,
+    CompanionRefused,
     CompanionUnavailable,
+    ConfigError,
     HistoryCorrupt,
     HistoryError,
     HistoryLocked,
+    InvalidQuery,
     InvalidRecord,
     ModelError,
+    PromptTooLong,
     RecordNotFound,
     SpecSteerError,
+    UnknownTask,
 )
 
 PARSE_ERROR = -32700
@@ -28,6 +33,9 @@ INVALID_PARAMS = -32602
 INTERNAL_ERROR = -32603
 LINE_TOO_LONG = -32001
 BUSY = -32020  # a generate is already running (concurrent generate calls are refused)
+UNKNOWN_TASK = -32030  # the request's task is none of initialize's capabilities.tasks
+INVALID_QUERY = -32031  # the query lacks the field its task needs
+PROMPT_TOO_LONG = -32032  # the request alone does not fit the task's prompt token budget
 HISTORY_LOCKED = -32040
 HISTORY_ERROR = -32041
 RECORD_NOT_FOUND = -32042
@@ -47,6 +55,9 @@ CODES: dict[int, str] = {
     INTERNAL_ERROR: "internal_error",
     LINE_TOO_LONG: "line_too_long",
     BUSY: "busy",
+    UNKNOWN_TASK: "unknown_task",
+    INVALID_QUERY: "invalid_query",
+    PROMPT_TOO_LONG: "prompt_too_long",
     HISTORY_LOCKED: "history_locked",
     HISTORY_ERROR: "history_error",
     RECORD_NOT_FOUND: "record_not_found",
@@ -74,6 +85,9 @@ class BridgeError(Exception):
 
 # most specific first: the first matching type gives the code
 _SDK_CODES: tuple[tuple[type[BaseException], int], ...] = (
+    (UnknownTask, UNKNOWN_TASK),
+    (InvalidQuery, INVALID_QUERY),
+    (PromptTooLong, PROMPT_TOO_LONG),
     (HistoryLocked, HISTORY_LOCKED),
     (RecordNotFound, RECORD_NOT_FOUND),
     (InvalidRecord, INVALID_RECORD),
@@ -81,7 +95,9 @@ _SDK_CODES: tuple[tuple[type[BaseException], int], ...] = (
     (HistoryError, HISTORY_ERROR),
     (CompanionUnavailable, COMPANION_UNAVAILABLE),
     (CompanionError, COMPANION_ERROR),
+    (CompanionRefused, COMPANION_ERROR),
     (ModelError, MODEL_ERROR),
+    (ConfigError, INVALID_PARAMS),
     (SpecSteerError, GENERATION_FAILED),
     (ValueError, INVALID_PARAMS),
 )
@@ -92,6 +108,7 @@ def from_exception(exc: BaseException) -> BridgeError:
     if isinstance(exc, BridgeError):
         return exc
     for kind, code in _SDK_CODES:
-        if isinstance(exc, kind):
-            return BridgeError(code, str(exc))
+        if isinstance(exc, kind):  # `refused`: no retry fixes it (token, models, version, TLS)
+            return BridgeError(code, str(exc), **({"refused": True}
+                                                  if isinstance(exc, CompanionRefused) else {}))
     return BridgeError(INTERNAL_ERROR, f"{type(exc).__name__}: {exc}")

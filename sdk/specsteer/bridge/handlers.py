@@ -239,7 +239,8 @@ class Bridge:
         `companion.frame` notification, decoded (`protocol.describe_frame`), so an app can show
         the user what left the device. The device token of a Hello is not repeated."""
         tokenizer = self.client.specialist.tokenizer
-        described = describe_frame(direction, frame, lambda i: tokenizer.decode([i]))
+        described = describe_frame(direction, frame, lambda i: tokenizer.decode([i]),
+                                   tokenizer.decode)
         with self._lock:
             self._frames_seen += 1
             running = self._running.id if self._running is not None else None

@@ -1,7 +1,8 @@
 """`specsteer bridge --http`: an OpenAI-compatible loopback endpoint over the bridge's Client.
 
-`GET /v1/models` and `POST /v1/chat/completions` (with `stream: true` as server-sent events),
-on the standard library's threading HTTP server. Every request needs `Authorization: Bearer
+`GET /v1/models`, `GET /v1/models/{id}` and `POST /v1/chat/completions` (with `stream: true` as
+server-sent events), on the standard library's threading HTTP server; what a body may hold and
+how errors are answered is `openai_api`'s. Every request needs `Authorization: Bearer
 TOKEN`, the token being the content of a local file (created owner-only with a random token when
 missing). The server binds loopback addresses only unless `allow_remote`, and checks the Host
 header so a web page cannot reach it by DNS rebinding. Generations share the stdio bridge's
@@ -28,17 +29,23 @@ import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote
 
-from specsteer.bridge.errors import BUSY, INVALID_PARAMS, BridgeError
+from specsteer.bridge.errors import BridgeError, from_exception
 from specsteer.bridge.handlers import Bridge
-from specsteer.bridge.schemas import check_params, check_text_members
+from specsteer.bridge.openai_api import (
+    Completion,
+    OpenAIError,
+    bridge_error,
+    completion_request,
+    model_not_found,
+    usage,
+)
+from specsteer.bridge.schemas import check_text_members
 
 log = logging.getLogger("specsteer.bridge.http")
 MAX_BODY_BYTES = 1 << 20
 POLL_S = 0.1  # how often a handler waiting for its generation checks that its client is there
-# chat-completions fields mapped onto generate params; others are accepted and ignored
-_FIELDS = {"max_tokens": "max_new_tokens", "max_completion_tokens": "max_new_tokens",
-           "temperature": "temperature", "top_p": "top_p", "seed": "seed"}
 
 
 def parse_address(text: str, allow_remote: bool) -> tuple[str, int]:
@@ -106,95 +113,126 @@ class _Handler(BaseHTTPRequestHandler):
         log.info("%s %s", self.address_string(), format % args)
 
     # -- plumbing --------------------------------------------------------------------------------
-    def _send_json(self, status: int, payload: Any) -> None:
+    def _send_json(self, status: int, payload: Any, headers: dict[str, str] | None = None
+                   ) -> None:
         body = json.dumps(payload, ensure_ascii=False).encode("utf-8")
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(body)))
+        for name, value in (headers or {}).items():
+            self.send_header(name, value)
         if self.close_connection:
             self.send_header("Connection", "close")
         self.end_headers()
         self.wfile.write(body)
 
-    def _error(self, status: int, message: str, code: str, kind: str = "invalid_request_error"
-               ) -> None:
+    def _fail(self, error: OpenAIError) -> None:
         """An OpenAI-style error; it closes the connection, as a refused request's body may
         still be unread (a kept-alive connection would read it as the next request)."""
         self.close_connection = True
-        self._send_json(status, {"error": {"message": message, "type": kind, "param": None,
-                                           "code": code}})
+        retry = {} if error.retry is None else {"x-should-retry": str(error.retry).lower()}
+        self._send_json(error.status, error.body(), retry)
 
     def _allowed(self) -> bool:
         bound_loopback = _is_loopback(self.server.server_address[0])
         if bound_loopback and self.headers.get("Host", "") not in self.server.hosts:
-            self._error(403, "unexpected Host header", "forbidden_host")
+            self._fail(OpenAIError(403, "unexpected Host header", "forbidden_host"))
             return False
         auth = self.headers.get("Authorization", "")
         given = auth[7:].strip() if auth.lower().startswith("bearer ") else ""
         if not hmac.compare_digest(given.encode(), self.server.token.encode()):
-            self._error(401, "a valid bearer token is required (see --http-token-file)",
-                        "invalid_api_key")
+            self._fail(OpenAIError(401, "a valid bearer token is required (see "
+                                   "--http-token-file)", "invalid_api_key",
+                                   kind="authentication_error"))
             return False
         return True
+
+    @property
+    def _model(self) -> dict[str, Any]:
+        """The one model served: the Specialist (steered by the bridge's companion)."""
+        return {"id": self.server.bridge.client.specialist.name, "object": "model",
+                "created": 0, "owned_by": "specsteer"}
 
     # -- routes ----------------------------------------------------------------------------------
     def do_GET(self) -> None:  # noqa: N802 - stdlib naming
         if not self._allowed():
             return
-        if self.path.rstrip("/") != "/v1/models":
-            self._error(404, f"no route {self.path}", "not_found")
-            return
-        name = self.server.bridge.client.specialist.name
-        self._send_json(200, {"object": "list", "data": [
-            {"id": name, "object": "model", "created": 0, "owned_by": "specsteer"}]})
+        path = self.path.rstrip("/")
+        if path == "/v1/models":
+            self._send_json(200, {"object": "list", "data": [self._model]})
+        elif path.startswith("/v1/models/"):
+            name = unquote(path.removeprefix("/v1/models/"))
+            if name == self._model["id"]:
+                self._send_json(200, self._model)
+            else:
+                self._fail(model_not_found(name))
+        else:
+            self._fail(OpenAIError(404, f"no route GET {self.path}", "not_found"))
 
     def do_POST(self) -> None:  # noqa: N802 - stdlib naming
         if not self._allowed():
             return
         if self.path.rstrip("/") != "/v1/chat/completions":
-            self._error(404, f"no route {self.path}", "not_found")
+            self._fail(OpenAIError(404, f"no route POST {self.path}", "not_found"))
             return
         length = self.headers.get("Content-Length", "")
         if not length.isdigit():
-            self._error(411, "a Content-Length header is required", "length_required")
+            self._fail(OpenAIError(411, "a Content-Length header is required",
+                                   "length_required"))
             return
         if int(length) > MAX_BODY_BYTES:
-            self._error(413, f"the body exceeds {MAX_BODY_BYTES} bytes", "body_too_large")
+            self._fail(OpenAIError(413, f"the body exceeds {MAX_BODY_BYTES} bytes",
+                                   "body_too_large"))
             return
         try:
-            body = json.loads(self.rfile.read(int(length)) or b"null")
-            check_text_members(body, "the body")
-            params, stream = _generate_params(body)
-        except (ValueError, BridgeError) as exc:
-            self._error(400, str(exc), "invalid_params")
+            try:
+                body = json.loads(self.rfile.read(int(length)) or b"null")
+            except ValueError as exc:
+                raise OpenAIError(400, f"the body is not JSON: {exc}", "invalid_json") from None
+            try:
+                check_text_members(body, "the body")
+            except BridgeError as exc:
+                raise OpenAIError(400, str(exc), "invalid_params") from None
+            request = completion_request(body, self._model["id"])
+            self._check_prompt(request.params)
+        except OpenAIError as exc:
+            self._fail(exc)
             return
-        self._complete(params, stream, str(body.get("model") or ""))
+        self._complete(request)
 
-    def _complete(self, params: dict[str, Any], stream: bool, model: str) -> None:
+    def _check_prompt(self, params: dict[str, Any]) -> None:
+        """Render the request's prompt before answering, so that an unknown task, a query
+        without its task's field or a request over the prompt budget is a 400 (a streamed
+        answer's status is sent before the generation starts)."""
+        try:
+            self.server.bridge.client.render(params["query"], task=params.get("task", "email"),
+                                             before=params.get("before"),
+                                             prefix=params.get("prefix", ""))
+        except Exception as exc:  # noqa: BLE001 - each SDK error has its bridge reason
+            raise bridge_error(from_exception(exc)) from None
+
+    def _complete(self, request: Completion) -> None:
         bridge = self.server.bridge
         events: queue.Queue[tuple[str, Any]] = queue.Queue()
         request_id = f"chatcmpl-{uuid.uuid4().hex}"
         try:
             bridge.start_generation(
-                request_id, params,
+                request_id, request.params,
                 lambda result, error: events.put(("answer", (result, error))),
                 lambda method, note: events.put((method, note)))
         except BridgeError as exc:
-            status = 429 if exc.code == BUSY else 400
-            self._error(status, str(exc), exc.data["reason"])
+            self._fail(bridge_error(exc))
             return
-        created = int(time.time())
-        model = model or bridge.client.specialist.name
-        head = {"id": request_id, "created": created, "model": model}
-        if stream:
-            self._stream(events, head, request_id)
+        head = {"id": request_id, "created": int(time.time()), "model": self._model["id"]}
+        if request.stream:
+            self._stream(events, head, request_id, request.include_usage)
             return
         answer = self._await_answer(events, request_id)
         if answer is None:
             return
         result, error = answer
         if error is not None:
-            self._error(500, str(error), error.data["reason"], "server_error")
+            self._fail(bridge_error(error))
             return
         self._send_json(200, {
             **head, "object": "chat.completion",
@@ -205,7 +243,7 @@ class _Handler(BaseHTTPRequestHandler):
         })
 
     def _stream(self, events: queue.Queue[tuple[str, Any]], head: dict[str, Any],
-                request_id: str) -> None:
+                request_id: str, include_usage: bool) -> None:
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
         self.send_header("Cache-Control", "no-cache")
@@ -213,14 +251,17 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.close_connection = True
         chunk = {**head, "object": "chat.completion.chunk"}
+        if include_usage:  # OpenAI: null on every chunk but the last, which has no choices
+            chunk["usage"] = None
 
-        def send(delta: dict[str, Any], finish: str | None, extra: dict[str, Any]) -> None:
-            payload = {**chunk, "choices": [{"index": 0, "delta": delta,
-                                             "finish_reason": finish, "logprobs": None}],
-                       "specsteer": extra}
+        def write(payload: dict[str, Any]) -> None:
             self.wfile.write(b"data: " + json.dumps(payload, ensure_ascii=False).encode()
                              + b"\n\n")
             self.wfile.flush()
+
+        def send(delta: dict[str, Any], finish: str | None, extra: dict[str, Any]) -> None:
+            write({**chunk, "choices": [{"index": 0, "delta": delta, "finish_reason": finish,
+                                         "logprobs": None}], "specsteer": extra})
 
         try:
             send({"role": "assistant", "content": ""}, None, {})
@@ -239,8 +280,9 @@ class _Handler(BaseHTTPRequestHandler):
                     if error is not None:
                         send({}, "error", {"error": error.to_json()})
                     else:
-                        send({}, _finish(result), {"stats": result["stats"],
-                                                   "usage": _usage(result)})
+                        send({}, _finish(result), {"stats": result["stats"]})
+                        if include_usage:
+                            write({**chunk, "choices": [], "usage": _usage(result)})
                     self.wfile.write(b"data: [DONE]\n\n")
                     self.wfile.flush()
                     return
@@ -296,42 +338,5 @@ def _finish(result: dict[str, Any]) -> str:
 
 
 def _usage(result: dict[str, Any]) -> dict[str, int]:
-    completion = len(result["provenance"]) if result["stats"] is None \
-        else result["stats"]["tokens"]
-    return {"prompt_tokens": 0, "completion_tokens": completion, "total_tokens": completion}
-
-
-def _generate_params(body: Any) -> tuple[dict[str, Any], bool]:
-    """A chat-completions body as generate params (checked by the generate schema)."""
-    if not isinstance(body, dict):
-        raise ValueError("the body must be a JSON object")
-    messages = body.get("messages")
-    if not isinstance(messages, list) or not messages:
-        raise ValueError("messages must be a non-empty list")
-    users = [m for m in messages if isinstance(m, dict) and m.get("role") == "user"]
-    if not users:
-        raise ValueError("messages need a user message: its text is the request")
-    query = _text(users[-1].get("content"))
-    params: dict[str, Any] = {"query": query}
-    for field, name in _FIELDS.items():
-        if body.get(field) is not None:
-            params[name] = body[field]
-    stop = body.get("stop")
-    if stop is not None:
-        params["stop"] = [stop] if isinstance(stop, str) else stop
-    extension = body.get("specsteer") or {}
-    if not isinstance(extension, dict):
-        raise ValueError("specsteer must be an object of generate params (task, preset...)")
-    params.update(extension)
-    if body.get("n", 1) != 1:
-        raise BridgeError(INVALID_PARAMS, "only n = 1 is supported")
-    return check_params("generate", params), bool(body.get("stream"))
-
-
-def _text(content: Any) -> str:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "".join(part.get("text", "") for part in content
-                       if isinstance(part, dict) and part.get("type") == "text")
-    raise ValueError("a user message's content must be text")
+    stats = result["stats"]
+    return usage(stats["prompt_tokens"], stats["tokens"])

@@ -127,4 +127,17 @@ def declared_members(method: str) -> frozenset[str]:
 
 
 def _describe(error: Any) -> dict[str, Any]:
+    """An error as {path, message}. A value no branch of an `anyOf`/`oneOf` accepts is
+    described by the branch of its own type (`'' should be non-empty`, not `'' is not valid
+    under any of the given schemas`), or by the types it may have when none is its own."""
+    if error.context:
+        same_type = [e for e in error.context if not (e.validator == "type" and not e.path)]
+        if same_type:
+            return _describe(min(same_type, key=lambda e: len(e.path)))
+        types = " or ".join(repr(e.validator_value) for e in error.context)
+        return {"path": list(error.absolute_path),
+                "message": f"{error.instance!r} is not of type {types}"}
+    if error.validator == "pattern" and "description" in error.schema:  # not the regex
+        return {"path": list(error.absolute_path),
+                "message": f"{error.instance!r} is not {error.schema['description']}"}
     return {"path": list(error.absolute_path), "message": error.message}

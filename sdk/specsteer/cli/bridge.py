@@ -61,7 +61,7 @@ def register(app: typer.Typer) -> None:
         from specsteer.bridge.http import OpenAIServer, parse_address, read_token
         from specsteer.bridge.schemas import schema_names
         from specsteer.bridge.server import claim_stdout, serve, serve_until_signal
-        from specsteer.client import Client
+        from specsteer.client import NO_TOKEN, Client
         from specsteer.errors import SpecSteerError
         from specsteer.history import HistoryStore
         from specsteer.models.registry import home
@@ -83,7 +83,8 @@ def register(app: typer.Typer) -> None:
             store = None if history is None \
                 else HistoryStore(history, busy_timeout_s=history_timeout_s)
             taps: list[Callable[[str, bytes], None]] = []  # the Bridge's, once it exists
-            client = Client(specialist, history=store, companion=companion, token=token,
+            client = Client(specialist, history=store, companion=companion,
+                            token=token or NO_TOKEN,
                             timeout_s=timeout_s, allow_insecure=allow_insecure,
                             tap=(lambda d, f: [tap(d, f) for tap in taps]) if audit_frames
                             else None)

@@ -14,7 +14,7 @@ from rich.console import Console
 from rich.table import Table
 
 from specsteer.cli import options
-from specsteer.client import Client, GenerationStats, Result
+from specsteer.client import NO_TOKEN, Client, GenerationStats, Result
 from specsteer.errors import SpecSteerError
 
 COLOURS = {
@@ -148,7 +148,8 @@ def register(app: typer.Typer) -> None:
         options.update({n: v for n, v in (("gamma", gamma), ("top_k", top_k)) if v is not None})
         query = request  # a plain string fills the task's first field
         try:
-            client = Client(specialist, history=history, companion=companion, token=token,
+            client = Client(specialist, history=history, companion=companion,
+                            token=token or NO_TOKEN,
                             allow_insecure=allow_insecure)
             if as_json:
                 result = client.generate(query, task=task, **options)

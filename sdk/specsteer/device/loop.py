@@ -24,7 +24,12 @@ from specsteer.device.leak_guard import LeakGuard, LeakHeld
 from specsteer.device.offline import LINK_ERRORS, ModeChange, OfflinePolicy, Reconnector
 from specsteer.device.rounds import MODES, collaborate
 from specsteer.device.warm import BackgroundPrefill, estimated_prefill_s
-from specsteer.errors import CompanionTimedOut, CompanionUnavailable, GenerationCancelled
+from specsteer.errors import (
+    CompanionRefused,
+    CompanionTimedOut,
+    CompanionUnavailable,
+    GenerationCancelled,
+)
 from specsteer.link import CompanionLink
 from specsteer.meta_answers import phrase_ids
 from specsteer.runtime.base import CancellableSession, LanguageModel
@@ -189,6 +194,8 @@ class _Generation:
                     link = self.links.connect()
                     self._hold_link(link)
                 self._collaborate(link, warm=warm)
+            except CompanionRefused:  # a configuration mistake, not "offline"
+                raise
             except LINK_ERRORS as exc:
                 self._end_warm_start()
                 self._end_prefill()
@@ -207,6 +214,8 @@ class _Generation:
                 except LeakHeld as held:
                     self._hold(str(held))
                     continue
+                except CompanionRefused:
+                    raise
                 except LINK_ERRORS as exc:
                     self._drop_remote()
                     self._end_warm_start()
@@ -305,6 +314,8 @@ class _Generation:
         self.may_resync = False
         try:
             link = self.links.connect()
+        except CompanionRefused:
+            raise
         except LINK_ERRORS:
             return False
         if self._discloses(self.out):

@@ -1,20 +1,34 @@
 """The offline policy: what a generation does when the companion is unreachable or fails.
 
+It covers what may come back by itself (a refused connection, a timeout, a dropped link, a
+companion at its limits), never `CompanionRefused` (a wrong token, other models, another
+protocol version, a certificate that does not verify): those are raised at once in every mode.
+
 `Reconnector` holds the policy and its backoff; a probe runs `connect` on a thread of its own,
 so a stalled companion never freezes the token stream.
 """
 
 from __future__ import annotations
 
+import contextlib
+import math
 import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
 
-from specsteer.errors import CompanionError, CompanionUnavailable, ProtocolError
+from specsteer.errors import (
+    CompanionError,
+    CompanionRefused,
+    CompanionUnavailable,
+    ConfigError,
+    ProtocolError,
+)
 from specsteer.link import CompanionLink
 
+# what the policy handles; `CompanionRefused` (a subclass of some of them) is caught first and
+# raised
 LINK_ERRORS = (CompanionUnavailable, CompanionError, ProtocolError)
 
 
@@ -37,15 +51,16 @@ class OfflinePolicy:
     def parse(cls, text: str | OfflinePolicy) -> OfflinePolicy:
         if isinstance(text, OfflinePolicy):
             return text
-        spec = text.strip().lower()
+        spec = text.strip().lower() if isinstance(text, str) else ""
         if spec in ("degrade", "fail"):
             return cls(spec)
         if spec.startswith("wait(") and spec.endswith(")"):
-            try:
-                return cls("wait", float(spec[5:-1]))
-            except ValueError:
-                pass
-        raise ValueError(f"offline must be 'degrade', 'fail' or 'wait(SECONDS)', not {text!r}")
+            with contextlib.suppress(ValueError):
+                seconds = float(spec[5:-1])
+                if math.isfinite(seconds) and seconds >= 0:
+                    return cls("wait", seconds)
+        raise ConfigError(f"offline must be 'degrade', 'fail' or 'wait(SECONDS)' with SECONDS >= "
+                          f"0, not {text!r}")
 
 
 @dataclass(frozen=True)
@@ -79,6 +94,8 @@ class Reconnector:
         while True:
             try:
                 return self.connect()
+            except CompanionRefused:  # waiting cannot fix it
+                raise
             except LINK_ERRORS as exc:
                 reason = str(exc)
             if time.monotonic() + delay > deadline:
@@ -105,6 +122,8 @@ class Reconnector:
         finished, self.probe = self.probe, None
         try:
             return finished.result()
+        except CompanionRefused:
+            raise
         except LINK_ERRORS:
             self.retry_in = min(self.retry_in * 2, self.policy.max_retry_s)
             self.next_retry = time.monotonic() + self.retry_in

@@ -357,7 +357,8 @@ def _query_fields(task: Task, query: Mapping[str, object] | str) -> dict[str, st
     if isinstance(query, str):
         query = {task.fields[0]: query}
     if not isinstance(query, Mapping):
-        raise InvalidQuery(f"a {task.name} query is a string or a dict, not {type(query).__name__}")
+        raise InvalidQuery(f"the {task.name} task's query must be a string or a dict, not "
+                           f"{type(query).__name__} ({query!r})")
     fields: dict[str, str] = {}
     for key, value in query.items():
         name = task.aliases.get(key, key)

@@ -14,6 +14,9 @@ export type GenerateParams = GenerationRequest &
      * @maxItems 16
      */
     stop?: string[];
+    /**
+     * 'degrade', 'fail' or 'wait(SECONDS)'
+     */
     offline?: string;
     /**
      * at least this long between two pieces: paces a fast model's stream for reading (the decoding waits, so a reconnect can land mid-text)
@@ -49,6 +52,30 @@ export type PrepareParams = GenerationRequest &
     wait_s?: number;
   };
 export type Mode = "collaborative" | "local";
+/**
+ * the failure's stable name, one per code (`codes`)
+ */
+export type ErrorReason =
+  | "parse_error"
+  | "invalid_request"
+  | "method_not_found"
+  | "invalid_params"
+  | "internal_error"
+  | "line_too_long"
+  | "busy"
+  | "unknown_task"
+  | "invalid_query"
+  | "prompt_too_long"
+  | "history_locked"
+  | "history_error"
+  | "record_not_found"
+  | "invalid_record"
+  | "no_history"
+  | "history_corrupt"
+  | "companion_unavailable"
+  | "companion_error"
+  | "model_error"
+  | "generation_failed";
 
 export interface BridgeProtocol {
   methods: Methods;
@@ -238,6 +265,10 @@ export interface GenerationStats {
   truncated?: string[];
   prefill_reused?: number;
   prefill_tokens?: number;
+  /**
+   * tokens of the prompt the Specialist read (the private prompt; the public one for the slm method): the OpenAI endpoint's usage.prompt_tokens
+   */
+  prompt_tokens?: number;
   warm_tokens?: number;
   /**
    * the companion session prepare opened ahead was used as it was (prepared with the generate's decoding options)
@@ -446,6 +477,12 @@ export interface CompanionFrameParams {
       text: string | null;
     }[];
   };
+  /**
+   * the request, drafted and committed tokens (prompt_ids, draft_ids, committed_ids) decoded whole: the text that left
+   */
+  texts: {
+    [k: string]: string;
+  };
 }
 export interface GenerateModeParams {
   id: RequestId;
@@ -465,6 +502,6 @@ export interface GenerateStatsParams {
   stats: GenerationStats;
 }
 export interface ErrorData {
-  reason: string;
+  reason: ErrorReason;
   [k: string]: unknown;
 }
