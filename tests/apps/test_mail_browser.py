@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from apps_helpers import (
+from helpers.apps import (
     REPO,
     capture_streams,
     choose_leak_guard,
@@ -25,7 +25,7 @@ from apps_helpers import (
     screenshot,
     start_app,
 )
-from ci import skip_or_fail
+from helpers.ci import skip_or_fail
 
 from specsteer.history import HistoryStore, retrieve
 

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from apps_helpers import (
+from helpers.apps import (
     capture_streams,
     choose_leak_guard,
     done_event,

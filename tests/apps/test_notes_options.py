@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from counting import SlowModel
+from helpers.counting import SlowModel
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "sample_apps" / "notes"))
 

@@ -10,7 +10,7 @@ import re
 from pathlib import Path
 
 import pytest
-from apps_helpers import public_request, python_app, screenshot, start_app
+from helpers.apps import public_request, python_app, screenshot, start_app
 
 pytestmark = pytest.mark.real_model
 

@@ -11,7 +11,7 @@ import sqlite3
 import time
 from pathlib import Path
 
-from bridge_process import assert_valid
+from helpers.bridge_process import assert_valid
 
 from specsteer.bridge import errors
 

@@ -8,7 +8,7 @@ import threading
 from typing import Any
 
 import pytest
-from bridge_process import assert_valid
+from helpers.bridge_process import assert_valid
 
 from specsteer.bridge import errors
 from specsteer.bridge.handlers import Bridge

@@ -22,7 +22,7 @@ from urllib.parse import urlsplit
 
 import openai
 import pytest
-from ci import skip_or_fail
+from helpers.ci import skip_or_fail
 
 from specsteer.bridge.http import _peer_closed, parse_address
 from specsteer.models.tiny import tiny_model_dir

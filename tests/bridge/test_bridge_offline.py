@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import signal
 
-from bridge_process import assert_valid
+from helpers.bridge_process import assert_valid
 
 from specsteer.models.tiny import tiny_model_dir
 from specsteer_companion.process import start_companion

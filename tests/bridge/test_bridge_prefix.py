@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import time
 
-from bridge_process import assert_valid
+from helpers.bridge_process import assert_valid
 
 from specsteer.bridge import errors
 

@@ -9,7 +9,7 @@ import json
 import threading
 
 import pytest
-from bridge_process import assert_valid
+from helpers.bridge_process import assert_valid
 
 from specsteer.bridge import errors
 from specsteer.bridge.handlers import DECODING_OPTIONS, Bridge

@@ -8,8 +8,8 @@ import threading
 import time
 from typing import Any
 
-from bridge_process import assert_valid
-from counting import SlowModel
+from helpers.bridge_process import assert_valid
+from helpers.counting import SlowModel
 
 from specsteer.bridge import errors
 from specsteer.bridge.handlers import Bridge

@@ -14,7 +14,7 @@ import subprocess
 import sys
 
 import pytest
-from ci import skip_or_fail
+from helpers.ci import skip_or_fail
 
 from specsteer.models.tiny import tiny_model_dir
 from specsteer_companion.auth import TokenStore

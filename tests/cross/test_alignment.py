@@ -15,8 +15,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from ci import IN_CI, skip_or_fail
-from privacy_audit import assert_canary_not_sent
+from helpers.ci import IN_CI, skip_or_fail
+from helpers.privacy_audit import assert_canary_not_sent
 
 from specsteer import protocol
 from specsteer.client import Client

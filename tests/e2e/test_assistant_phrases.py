@@ -7,8 +7,8 @@ what the method writes anyway, so the ban shows as a changed sixth token)."""
 from __future__ import annotations
 
 import pytest
-from budget_mail import REQUEST, budget_history
-from declared import WithTokenizer, Writes
+from helpers.budget_mail import REQUEST, budget_history
+from helpers.declared import WithTokenizer, Writes
 
 from specsteer.client import Client
 from specsteer_companion.local import LocalChannel

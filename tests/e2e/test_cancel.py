@@ -7,8 +7,8 @@ import time
 from dataclasses import dataclass, field
 
 import pytest
-from closing import closed_in_time
-from counting import CountingModel
+from helpers.closing import closed_in_time
+from helpers.counting import CountingModel
 
 from specsteer.client import Client
 from specsteer.device import DecodeStats, DevicePrompt, Params

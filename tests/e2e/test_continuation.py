@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from declared import StopsAt, WithTokenizer
-from privacy_audit import assert_canary_not_sent
+from helpers.declared import StopsAt, WithTokenizer
+from helpers.privacy_audit import assert_canary_not_sent
 
 from specsteer import protocol
 from specsteer.client import Client

@@ -28,9 +28,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import pytest
+from helpers.wire_bytes import varint
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
-from wire_bytes import varint
 
 from specsteer import protocol
 from specsteer.client import Client

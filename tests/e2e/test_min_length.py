@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 import pytest
-from declared import StopsAt, WithTokenizer, Writes
+from helpers.declared import StopsAt, WithTokenizer, Writes
 
 from specsteer.device import METHODS, DecodeStats, DevicePrompt, Params, decode
 from specsteer.link import CompanionLink

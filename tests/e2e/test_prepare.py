@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from budget_mail import CHANGED, REQUEST, budget_history
-from counting import CountingModel
+from helpers.budget_mail import CHANGED, REQUEST, budget_history
+from helpers.counting import CountingModel
 
 from specsteer.client import Client
 from specsteer.history import HistoryStore

@@ -6,8 +6,8 @@ import threading
 import time
 
 import pytest
-from budget_mail import CHANGED, REQUEST, budget_history
-from closing import closed_in_time
+from helpers.budget_mail import CHANGED, REQUEST, budget_history
+from helpers.closing import closed_in_time
 
 from specsteer.client import Client
 from specsteer.device import Params

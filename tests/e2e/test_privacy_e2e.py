@@ -14,7 +14,7 @@ import dataclasses
 
 import numpy as np
 import pytest
-from privacy_audit import assert_canary_not_sent
+from helpers.privacy_audit import assert_canary_not_sent
 
 from specsteer import protocol, steer
 from specsteer.client import Client

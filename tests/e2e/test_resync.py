@@ -12,7 +12,7 @@ import contextlib
 import json
 
 import pytest
-from dying_channel import DyingChannel
+from helpers.dying_channel import DyingChannel
 from test_pinned_outputs import PINS
 
 from specsteer import protocol

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 
 import pytest
-from privacy_audit import assert_canary_not_sent
+from helpers.privacy_audit import assert_canary_not_sent
 
 from specsteer import protocol
 from specsteer.client import Client

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from dying_channel import DyingChannel
-from privacy_audit import assert_canary_not_sent
+from helpers.dying_channel import DyingChannel
+from helpers.privacy_audit import assert_canary_not_sent
 
 from specsteer import protocol
 from specsteer.client import Client

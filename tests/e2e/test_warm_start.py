@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 
 import pytest
-from counting import CountingModel
+from helpers.counting import CountingModel
 
 from specsteer import protocol
 from specsteer.client import Client

@@ -7,7 +7,7 @@ import shutil
 
 import numpy as np
 import pytest
-from session_checks import check_session_errors
+from helpers.session_checks import check_session_errors
 
 from specsteer.errors import CorruptModelError, ModelNotCompiled, TokenizerMissing
 from specsteer.runtime import load_model
