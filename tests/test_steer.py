@@ -1,4 +1,4 @@
-"""Unit and property tests of specsteer.steer: the decoding rules, checked against METHOD.md."""
+"""Unit and property tests of specsteer.steer: the decoding rules, checked against docs/method.md."""
 
 from __future__ import annotations
 

@@ -104,7 +104,7 @@ class Params:
     # `for_user` adds them to banned_phrases; () turns it off
     assistant_phrases: tuple[str, ...] = ASSISTANT_PHRASES
     seed: int = _WIRE.seed
-    select: str = _WIRE.select  # or "difference" (METHOD.md: worse; kept to report it)
+    select: str = _WIRE.select  # or "difference" (docs/method.md: worse; kept to report it)
     # where P_S0 is computed: None = the companion when it hosts the generic Specialist, else the
     # device; True pays when the Specialist is much cheaper than the Generalist (int4)
     s0_on_device: bool | None = None

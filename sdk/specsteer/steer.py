@@ -1,6 +1,6 @@
 """The decoding rules of SpecSteer and its baselines, as pure functions on numpy arrays.
 
-This module owns the maths of docs/METHOD.md: the ratio acceptance test (Verify), the sparse
+This module owns the maths of docs/method.md: the ratio acceptance test (Verify), the sparse
 steering vector and its fusion on the device (Recover), classic speculative acceptance
 (greedy and Leviathan et al. sampling), LightCoSteer and CoSteer. The device, the companion and
 the benchmark harness all call these same functions, so the two sides of the wire cannot drift.
@@ -144,7 +144,7 @@ def ratio_accept_count(
     Greedy (rng None): accept draft i iff P_G >= gamma * P_S0, i.e. exactly when the sampling
     rule would accept it with probability 1. The boundary is inclusive so that identical
     models (P_G == P_S0) accept every draft for any gamma <= 1, the consistency check of
-    docs/STYLE.md. Sampling: one uniform per draft drawn up front. Counting stops at the first
+    docs/style.md. Sampling: one uniform per draft drawn up front. Counting stops at the first
     reject. gamma == 0 accepts everything (and draws nothing).
     """
     g = np.asarray(logp_g, dtype=np.float64).reshape(-1)
@@ -266,7 +266,7 @@ def sparse_steer(
 ) -> SparseSteer:
     """The sparse vector the companion sends down for the recovery / bonus position.
 
-    Candidates: the top-k of logp_G (select="generalist", the default: METHOD.md measured that
+    Candidates: the top-k of logp_G (select="generalist", the default: docs/method.md measured that
     the top-k of the difference favours tokens the Specialist merely finds unlikely, often
     end-of-text) or of logp_G - alpha * logp_S0 (select="difference", kept for comparison);
     top_p < 1 keeps only the shortest prefix of them holding top_p of P_G's mass (`nucleus`).
@@ -543,7 +543,7 @@ def costeer(
     lam: float = 2.0,
     eta: float = 10.0,
 ) -> np.ndarray:
-    """CoSteer's online FTRL loop (METHOD.md, verbatim); returns the final log-distribution pi.
+    """CoSteer's online FTRL loop (docs/method.md, verbatim); returns the final log-distribution pi.
 
         pi0 = logp_G; delta = logp_Sc - logp_S0; pi = pi0; U = 0
         for t in 1..T: U += a*(pi - pi0) + beta*delta
