@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from specsteer import protocol
-from specsteer.client import Client, Result
+from specsteer.client import Client
 from specsteer.device import ModeChange, OfflinePolicy
 from specsteer.errors import SpecSteerError
 from specsteer.history import HistoryStore
@@ -206,10 +206,9 @@ class NotesEngine:
             if self.settings.companion:
                 self.mode, self.mode_reason = "collaborative", ""
             emit("mode", {"mode": self.mode, "reason": self.mode_reason})
-            out: list[Result] = []
             request = self._request(title, body, note_id)
             stream = self._client().stream(
-                request.pop("query"), offline=self.policy, on_mode=on_mode, result=out,
+                request.pop("query"), offline=self.policy, on_mode=on_mode,
                 **self._options(), **request)
             try:
                 for piece in stream:
@@ -220,7 +219,7 @@ class NotesEngine:
                         return
             finally:
                 stream.close()
-            stats = out[0].stats
+            stats = stream.result.stats
             emit("done", {"tokens": stats.tokens, "acceptance_rate": stats.acceptance_rate,
                           "tokens_per_s": stats.tokens_per_s, "bytes_up": stats.bytes_up,
                           "bytes_down": stats.bytes_down, "degraded": stats.degraded,

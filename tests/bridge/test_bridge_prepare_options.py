@@ -141,3 +141,20 @@ def test_closing_the_bridge_stops_what_prepare_runs(tiny_model) -> None:
     bridge.close()
     assert not client._kept._kept
     assert not [t for t in threading.enumerate() if t.name == "specsteer-prepare"]
+
+
+def test_a_closed_bridge_leaves_no_thread_behind(tiny_model) -> None:
+    """The bridge's own threads (a generation's worker, a prepare answered later, here still
+    waiting for its prefill) and its Client's are all joined by `close`."""
+    before = set(threading.enumerate())
+    bridge = Bridge(Client(tiny_model), lambda method, params: None, max_line_bytes=1 << 20)
+    generated = threading.Event()
+    bridge.call(1, "generate", {**QUERY, "max_new_tokens": 4},
+                lambda result, error: generated.set())
+    assert generated.wait(60)
+    draft = " ".join(f"line {n} of the draft, still being typed;" for n in range(150))
+    bridge.call(2, "prepare", {**QUERY, "prefix": draft, "wait_s": 30},
+                lambda result, error: None)
+    assert "bridge-prepare" in [t.name for t in threading.enumerate()]  # still waiting
+    bridge.close()
+    assert [t.name for t in threading.enumerate() if t not in before and t.is_alive()] == []

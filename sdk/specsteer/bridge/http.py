@@ -32,13 +32,15 @@ from typing import Any
 from specsteer.bridge.errors import BUSY, INVALID_PARAMS, BridgeError
 from specsteer.bridge.handlers import Bridge
 from specsteer.bridge.schemas import check_params
+from specsteer.options import openai_fields
+from specsteer.settings import Params
 
 log = logging.getLogger("specsteer.bridge.http")
 MAX_BODY_BYTES = 1 << 20
 POLL_S = 0.1  # how often a handler waiting for its generation checks that its client is there
-# chat-completions fields mapped onto generate params; others are accepted and ignored
-_FIELDS = {"max_tokens": "max_new_tokens", "max_completion_tokens": "max_new_tokens",
-           "temperature": "temperature", "top_p": "top_p", "seed": "seed"}
+# chat-completions fields mapped onto generate params (each option's `openai` names in the
+# registry, settings.py); others are accepted and ignored
+_FIELDS = openai_fields(Params)
 
 
 def parse_address(text: str, allow_remote: bool) -> tuple[str, int]:

@@ -1,12 +1,12 @@
 """The offline policy: what a generation does when the companion is unreachable or fails.
 
-`Reconnector` holds the policy and its backoff; a probe runs `connect` on a thread of its own,
-so a stalled companion never freezes the token stream.
+`Reconnector` holds the policy and its backoff; a probe runs `connect` on a thread of its own
+(one of the owner's `Workers`, which the Client joins when it closes), so a stalled companion
+never freezes the token stream.
 """
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from specsteer.errors import CompanionError, CompanionUnavailable, ProtocolError
 from specsteer.link import CompanionLink
+from specsteer.workers import Workers
 
 LINK_ERRORS = (CompanionUnavailable, CompanionError, ProtocolError)
 
@@ -60,9 +61,11 @@ class ModeChange:
 class Reconnector:
     """Connections to the companion under an `OfflinePolicy`, with exponential backoff."""
 
-    def __init__(self, policy: OfflinePolicy, connect: Callable[[], CompanionLink] | None) -> None:
+    def __init__(self, policy: OfflinePolicy, connect: Callable[[], CompanionLink] | None,
+                 workers: Workers) -> None:
         self.policy = policy
         self.connect_fn = connect
+        self.workers = workers
         self.retry_in = policy.first_retry_s
         self.next_retry = 0.0
         self.probe: Future[CompanionLink] | None = None
@@ -119,7 +122,7 @@ class Reconnector:
             except BaseException as exc:  # delivered to the decoding loop through the future
                 future.set_exception(exc)
 
-        threading.Thread(target=run, name="specsteer-reconnect", daemon=True).start()
+        self.workers.start(run, "specsteer-reconnect")
         return future
 
     def close(self) -> None:

@@ -19,6 +19,7 @@ import time
 
 from specsteer.runtime.base import CancellableSession, LanguageModel
 from specsteer.runtime.track import Track
+from specsteer.workers import Workers
 
 # Operations per second one CPU core sustains in an int8 prefill: a round, conservative figure
 # (one core of the benchmark machine ran Qwen2.5-0.5B's int8 prefill at ~48 G multiply-adds/s,
@@ -36,9 +37,9 @@ def estimated_prefill_s(model: LanguageModel, tokens: int) -> float:
 
 
 class BackgroundPrefill:
-    """`track.prefill()` running on a daemon thread; `join` re-raises what it raised."""
+    """`track.prefill()` running on a thread of `workers`; `join` re-raises what it raised."""
 
-    def __init__(self, track: Track, cancel: threading.Event) -> None:
+    def __init__(self, track: Track, cancel: threading.Event, workers: Workers) -> None:
         self.track, self.cancel = track, cancel
         self.stop = threading.Event()  # set when the generation ends before the switch
         self.go = threading.Event()  # set by `start` (the first token is in), or at once
@@ -46,8 +47,7 @@ class BackgroundPrefill:
             self.go.set()
         self.seconds = 0.0
         self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, name="specsteer-prefill", daemon=True)
-        self._thread.start()
+        self._thread = workers.start(self._run, "specsteer-prefill")
 
     def _run(self) -> None:
         self.go.wait()
