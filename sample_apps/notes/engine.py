@@ -24,12 +24,12 @@ from specsteer.device import ModeChange, OfflinePolicy
 from specsteer.errors import SpecSteerError
 from specsteer.history import HistoryStore
 from specsteer.runtime.base import LanguageModel
+from specsteer.settings import Params
 
 Emit = Callable[[str, dict[str, Any]], None]
-PRESETS = ("default", "fast", "strict")
-LEAK_GUARDS = ("allow", "redact", "hold")  # Params.leak_guard; the SDK's default is "allow"
-# never repeat an 8-gram of the continuation: greedy decoding otherwise loops on one sentence
-NO_REPEAT_NGRAM = 8
+# never repeat an 8-gram of the continuation (the SDK's default): greedy decoding otherwise loops
+# on one sentence
+NO_REPEAT_NGRAM = Params().no_repeat_ngram
 # how long /api/prepare waits for the prefill before answering "not ready yet"
 PREPARE_WAIT_S = 30.0
 
@@ -41,7 +41,7 @@ class Settings:
     companion: str = ""  # ws:// or wss:// URL; empty: no companion (local only)
     token: str = ""
     preset: str = "default"
-    leak_guard: str = "allow"  # what a draft copying private history does (LEAK_GUARDS)
+    leak_guard: str = Params().leak_guard  # what a draft copying private history does
 
 
 class Busy(SpecSteerError):

@@ -83,10 +83,12 @@ def decode(
     generation's background threads start (a warm start's prefill, reconnect probes, links
     closed after a cancel), so that their owner (the Client) joins them; by default its own.
     """
+    workers = workers if workers is not None else Workers()
     generation = _Generation(
-        specialist, prompt, params, stats, connect, offline, on_mode, cancel, local, switch_after,
-        guard, ahead, workers if workers is not None else Workers(),
-    )
+        specialist, prompt, params, stats if stats is not None else DecodeStats(),
+        Reconnector(OfflinePolicy.parse(offline), connect, workers), workers, on_mode=on_mode,
+        cancel=cancel if cancel is not None else threading.Event(), local=local,
+        switch_after=switch_after, guard=guard, ahead=ahead)
     yield from generation.run(link)
 
 
@@ -98,25 +100,21 @@ class _Generation:
         specialist: LanguageModel,
         prompt: DevicePrompt,
         params: Params,
-        stats: DecodeStats | None,
-        connect: Callable[[], CompanionLink] | None,
-        offline: OfflinePolicy | str,
+        stats: DecodeStats,
+        links: Reconnector,
+        workers: Workers,
+        *,
         on_mode: Callable[[ModeChange], None] | None,
-        cancel: threading.Event | None = None,
-        local: Track | None = None,
-        switch_after: int | None = None,
-        guard: LeakGuard | None = None,
-        ahead: Drafted | None = None,
-        workers: Workers | None = None,
+        cancel: threading.Event,
+        local: Track | None,
+        switch_after: int | None,
+        guard: LeakGuard | None,
+        ahead: Drafted | None,
     ) -> None:
-        self.ahead = ahead
-        self.workers = workers if workers is not None else Workers()
         self.specialist, self.prompt, self.params = specialist, prompt, params
-        self.cancel = cancel if cancel is not None else threading.Event()
-        self.stats = stats if stats is not None else DecodeStats()
-        self.policy = OfflinePolicy.parse(offline)
-        self.links = Reconnector(self.policy, connect, self.workers)
-        self.on_mode = on_mode
+        self.stats, self.links, self.workers = stats, links, workers
+        self.policy = links.policy
+        self.on_mode, self.cancel, self.ahead = on_mode, cancel, ahead
         self.eos = specialist.tokenizer.eos_ids
         self.rules = make_rules(params, specialist.tokenizer)  # the text rules, composed once
         self.rng = np.random.default_rng(params.seed) if params.temperature > 0 else None
