@@ -29,6 +29,9 @@ from helpers.ci import skip_or_fail
 
 from specsteer.history import HistoryStore, retrieve
 
+# a browser, the Node app and a companion process: not in ./dev test --fast
+pytestmark = pytest.mark.slow
+
 COLLAB = ", ".join(f"#suggestion-text .tok.{p}" for p in ("draft", "recovered", "bonus"))
 CANARY = "Quillwort-canary-2468"  # in the history: private
 DRAFT = "Thanks Priya, the salad will be fine under fleece tonight, and"

@@ -23,6 +23,9 @@ from helpers.apps import (
 
 from specsteer.history import HistoryStore, retrieve
 
+# a browser, the app and a companion process: not in ./dev test --fast
+pytestmark = pytest.mark.slow
+
 CANARY = "Marigold-canary-7731 under the blue bench"  # in the history: private
 DRAFT = "Tulips along the fence this Saturday, the kids plant the front row."
 COLLAB = ", ".join(f"#suggestion-text .tok.{p}" for p in ("draft", "recovered", "bonus"))

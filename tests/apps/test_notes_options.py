@@ -17,6 +17,8 @@ from typing import Any
 import pytest
 from helpers.counting import SlowModel
 
+pytestmark = pytest.mark.slow  # a companion server and many generations: not in ./dev test --fast
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "sample_apps" / "notes"))
 
 import engine as notes_engine  # noqa: E402

@@ -28,6 +28,8 @@ from specsteer.bridge.http import _peer_closed, parse_address
 from specsteer.models.tiny import tiny_model_dir
 from specsteer_companion.process import start_companion
 
+pytestmark = pytest.mark.slow  # bridge and companion processes, HTTP: not in ./dev test --fast
+
 MESSAGES = [{"role": "user", "content": "Budget for the next quarter"}]
 
 

@@ -16,6 +16,8 @@ from specsteer.bridge.handlers import DECODING_OPTIONS, Bridge
 from specsteer.bridge.schemas import SCHEMA_DIR, declared_members
 from specsteer.client import Client
 
+pytestmark = pytest.mark.slow  # bridge and companion processes: not in ./dev test --fast
+
 QUERY = {"query": "Budget for the next quarter", "task": "email"}
 # what the sample apps send: a preset (other session settings: gamma, top_k) and a device-only
 # rule that the first round's draft depends on (another draft key)

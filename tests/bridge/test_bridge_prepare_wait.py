@@ -8,6 +8,7 @@ import threading
 import time
 from typing import Any
 
+import pytest
 from helpers.bridge_process import assert_valid
 from helpers.counting import SlowModel
 
@@ -15,6 +16,8 @@ from specsteer.bridge import errors
 from specsteer.bridge.handlers import Bridge
 from specsteer.client import Client
 from specsteer.history import HistoryStore
+
+pytestmark = pytest.mark.slow  # bridge and companion processes: not in ./dev test --fast
 
 REQUEST = {"query": "Budget for the next quarter", "task": "email"}
 

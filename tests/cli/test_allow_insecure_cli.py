@@ -20,6 +20,8 @@ from specsteer.models.tiny import tiny_model_dir
 from specsteer_companion.auth import TokenStore
 from specsteer_companion.process import start_companion
 
+pytestmark = pytest.mark.slow  # CLI processes: not in ./dev test --fast
+
 G = str(tiny_model_dir("llama", seed=1))
 S = str(tiny_model_dir("llama", seed=0))
 REFUSED = "refusing to send the device token over unencrypted ws://"

@@ -33,6 +33,8 @@ from specsteer_companion.endpoint import CompanionEndpoint
 from specsteer_companion.local import LocalChannel
 from specsteer_companion.verifier import Verifier, VerifierSession
 
+pytestmark = pytest.mark.slow  # alignment tables of real tokenizers: not in ./dev test --fast
+
 TRICKY = [
     "Hello  world\n\nZürich 東京 😀 x=1234; naïve café — “quotes” ½ Ångström",
     "def f(x):\n    return x**2  # ok\n\t\ttabs (parens) [brackets] {braces}\n\n\n  end",

@@ -13,6 +13,9 @@ from specsteer.client import Client
 from specsteer_companion.local import LocalChannel
 from specsteer_companion.verifier import Verifier
 
+# many tiny-model generations: not in ./dev test --fast
+pytestmark = pytest.mark.slow
+
 NEVER = "I hope this post finds"  # not in the budget mails
 THEIRS = "Dear team"  # how every budget mail opens
 

@@ -14,6 +14,9 @@ from specsteer.client import Client
 from specsteer_companion.local import LocalChannel
 from specsteer_companion.verifier import Verifier
 
+# many tiny-model generations: not in ./dev test --fast
+pytestmark = pytest.mark.slow
+
 NEVER = "feel free to ask"  # not in the budget mails
 THEIRS = "the budget for quarter"  # in every budget mail
 

@@ -16,6 +16,9 @@ from specsteer.runtime.track import common_prefix
 from specsteer_companion.local import LocalChannel
 from specsteer_companion.verifier import Verifier
 
+# many tiny-model generations: not in ./dev test --fast
+pytestmark = pytest.mark.slow
+
 TITLE = "Bulb planting day"
 CANARY = "ZQX-CANARY-4417-larkspur"  # in the history: private
 DRAFT = "Tulips along the fence this Saturday. Bring gloves, and"

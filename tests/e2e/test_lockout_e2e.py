@@ -34,6 +34,9 @@ from specsteer_companion.server import THROTTLE, CompanionServer, ServerConfig
 from specsteer_companion.tls import client_ssl_context, make_self_signed, server_ssl_context
 from specsteer_companion.verifier import Verifier
 
+# companion processes and request-rate timing: not in ./dev test --fast
+pytestmark = pytest.mark.slow
+
 SESSION = protocol.SessionSettings(top_k=8)
 
 

@@ -20,6 +20,9 @@ from specsteer.link import CompanionLink
 from specsteer_companion.local import LocalChannel
 from specsteer_companion.verifier import Verifier
 
+# many tiny-model generations: not in ./dev test --fast
+pytestmark = pytest.mark.slow
+
 PRIVATE = "Earlier notes: the budget stays flat; revised draft by Friday.\nWrite a budget note."
 PUBLIC = "Write a budget note."
 

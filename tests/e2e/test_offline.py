@@ -17,6 +17,9 @@ from specsteer_companion.endpoint import CompanionEndpoint
 from specsteer_companion.local import LocalChannel
 from specsteer_companion.verifier import Verifier
 
+# many tiny-model generations: not in ./dev test --fast
+pytestmark = pytest.mark.slow
+
 # The tiny random model ends its text wherever its weights say: with this wording (and the task
 # prompt of history/prompts.py) it writes past the reconnect instead of stopping right there.
 SUBJECT = "Budget for next quarter"

@@ -12,6 +12,9 @@ from specsteer.runtime.track import common_prefix
 from specsteer_companion.local import LocalChannel
 from specsteer_companion.verifier import Verifier
 
+# many tiny-model generations: not in ./dev test --fast
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture()
 def store() -> HistoryStore:

@@ -22,6 +22,9 @@ from specsteer_companion.local import LocalChannel
 from specsteer_companion.server import CompanionServer
 from specsteer_companion.verifier import Verifier
 
+# many tiny-model generations: not in ./dev test --fast
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture()
 def store() -> HistoryStore:

@@ -23,6 +23,9 @@ from specsteer.runtime.base import LanguageModel
 from specsteer_companion.local import LocalChannel
 from specsteer_companion.verifier import Verifier
 
+# many tiny-model generations: not in ./dev test --fast
+pytestmark = pytest.mark.slow
+
 CANARY = "ZQX-CANARY-7731-plover"
 SUBJECT = "Budget for the next quarter"
 RECORDS = [

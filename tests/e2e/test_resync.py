@@ -27,6 +27,9 @@ from specsteer_companion.local import LocalChannel
 from specsteer_companion.server import CompanionServer, ServerConfig
 from specsteer_companion.verifier import Verifier
 
+# many tiny-model generations: not in ./dev test --fast
+pytestmark = pytest.mark.slow
+
 GREEDY = [c for c in PINS["cases"] if not c["params"].get("temperature") and c["params"]["method"]
           not in ("slm", "slm_rag")]
 CROSS_GREEDY = [c for c in PINS["cross"] if not c["params"].get("temperature")]

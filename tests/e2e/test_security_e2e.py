@@ -17,6 +17,9 @@ from specsteer_companion.server import CompanionServer, ServerConfig
 from specsteer_companion.tls import client_ssl_context, make_self_signed, server_ssl_context
 from specsteer_companion.verifier import Verifier
 
+# many tiny-model generations: not in ./dev test --fast
+pytestmark = pytest.mark.slow
+
 CANARY = "QWV-CANARY-5520-heron"
 
 

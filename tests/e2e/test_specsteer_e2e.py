@@ -17,6 +17,9 @@ from specsteer_companion.local import LocalChannel
 from specsteer_companion.server import CompanionServer
 from specsteer_companion.verifier import Verifier
 
+# many tiny-model generations: not in ./dev test --fast
+pytestmark = pytest.mark.slow
+
 CANARY = "ZQX-CANARY-7731-plover"
 SUBJECT = "Budget for the next quarter"
 

@@ -18,6 +18,9 @@ from specsteer.settings import METHODS
 from specsteer_companion.local import LocalChannel
 from specsteer_companion.verifier import Verifier
 
+# many tiny-model generations: not in ./dev test --fast
+pytestmark = pytest.mark.slow
+
 MAX_NEW = 40
 
 

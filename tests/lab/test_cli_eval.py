@@ -11,6 +11,8 @@ from typer.testing import CliRunner
 
 from specsteer.models.tiny import tiny_model_dir
 
+pytestmark = pytest.mark.slow  # whole evaluation runs: not in ./dev test --fast
+
 DATA = Path(__file__).parent / "data"
 
 

@@ -37,9 +37,11 @@ def estimated_prefill_s(model: LanguageModel, tokens: int) -> float:
 
 
 class BackgroundPrefill:
-    """`track.prefill()` running on a thread of `workers`; `join` re-raises what it raised."""
+    """`track.prefill()` running on a thread of `workers` (the generation's owner's: its Client
+    joins it; by default its own); `join` re-raises what it raised."""
 
-    def __init__(self, track: Track, cancel: threading.Event, workers: Workers) -> None:
+    def __init__(self, track: Track, cancel: threading.Event,
+                 workers: Workers | None = None) -> None:
         self.track, self.cancel = track, cancel
         self.stop = threading.Event()  # set when the generation ends before the switch
         self.go = threading.Event()  # set by `start` (the first token is in), or at once
@@ -47,7 +49,7 @@ class BackgroundPrefill:
             self.go.set()
         self.seconds = 0.0
         self._error: BaseException | None = None
-        self._thread = workers.start(self._run, "specsteer-prefill")
+        self._thread = (workers or Workers()).start(self._run, "specsteer-prefill")
 
     def _run(self) -> None:
         self.go.wait()
