@@ -10,32 +10,8 @@ import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 
+from specsteer import protocol as wire
 from specsteer.errors import ProtocolError
-from specsteer.protocol import (
-    Close,
-    CompanionConnection,
-    DeviceConnection,
-    Draft,
-    Error,
-    ErrorCode,
-    Hello,
-    HelloAccepted,
-    HelloOk,
-    HelloReceived,
-    Limits,
-    Mode,
-    OpenSession,
-    Resume,
-    RowReply,
-    RowRequest,
-    SessionOpened,
-    SessionReady,
-    SessionRequested,
-    SessionSettings,
-    State,
-    Verdict,
-    encode,
-)
 from specsteer.steer import SELECTS
 
 VOCAB = 151_936  # Qwen2.5's vocabulary: ids above 16383 take 3 varint bytes
@@ -44,7 +20,7 @@ S_SHA = "b" * 64
 FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
-def assert_code(code: ErrorCode, func, *args, **kwargs) -> ProtocolError:
+def assert_code(code: wire.ErrorCode, func, *args, **kwargs) -> ProtocolError:
     with pytest.raises(ProtocolError) as info:
         func(*args, **kwargs)
     assert info.value.code == code, f"{info.value.code!r} != {code!r}: {info.value}"
@@ -65,26 +41,26 @@ def transfer(sender, receiver) -> list:
 
 
 def handshake(
-    device: DeviceConnection | None = None,
-    companion: CompanionConnection | None = None,
+    device: wire.DeviceConnection | None = None,
+    companion: wire.CompanionConnection | None = None,
     **session,
-) -> tuple[DeviceConnection, CompanionConnection]:
-    device = device or DeviceConnection()
-    companion = companion or CompanionConnection()
+) -> tuple[wire.DeviceConnection, wire.CompanionConnection]:
+    device = device or wire.DeviceConnection()
+    companion = companion or wire.CompanionConnection()
     device.hello(G_SHA, S_SHA, auth_token="secret", client_name="test")
     [event] = transfer(device, companion)
-    assert event == HelloReceived(Hello(G_SHA, S_SHA, "secret", "test"))
+    assert event == wire.HelloReceived(wire.Hello(G_SHA, S_SHA, "secret", "test"))
     companion.accept_hello(
         companion_version="0.1", generalist_sha256=G_SHA, specialist_sha256=S_SHA, vocab_size=VOCAB
     )
     [event] = transfer(companion, device)
-    assert isinstance(event, HelloAccepted) and event.hello_ok.vocab_size == VOCAB
-    device.open_session((10, 11, 12), SessionSettings(**session))
+    assert isinstance(event, wire.HelloAccepted) and event.hello_ok.vocab_size == VOCAB
+    device.open_session((10, 11, 12), wire.SessionSettings(**session))
     [event] = transfer(device, companion)
-    assert isinstance(event, SessionRequested) and event.request.prompt_ids == (10, 11, 12)
+    assert isinstance(event, wire.SessionRequested) and event.request.prompt_ids == (10, 11, 12)
     companion.session_opened(session_id=77)
-    assert transfer(companion, device) == [SessionReady(77, 3)]
-    assert device.state is companion.state is State.SESSION
+    assert transfer(companion, device) == [wire.SessionReady(77, 3)]
+    assert device.state is companion.state is wire.State.SESSION
     return device, companion
 
 
@@ -110,13 +86,13 @@ def sparse_st(draw, columns: int):
 def draft_st(draw):
     drafts = draw(st.lists(st.integers(0, 2**32 - 1), max_size=16))
     values = draw(st.none() | st.lists(f16_st, min_size=len(drafts), max_size=len(drafts)))
-    return Draft(draw(st.integers(0, 2**32 - 1)), draw(ids_st), drafts, values)
+    return wire.Draft(draw(st.integers(0, 2**32 - 1)), draw(ids_st), drafts, values)
 
 
 messages_st = st.one_of(
-    st.builds(Hello, text_st, text_st, text_st, text_st),
+    st.builds(wire.Hello, text_st, text_st, text_st, text_st),
     st.builds(
-        HelloOk,
+        wire.HelloOk,
         text_st,
         text_st,
         text_st,
@@ -124,11 +100,11 @@ messages_st = st.one_of(
         st.integers(1, 0xFFFF),
     ),
     st.builds(
-        OpenSession,
+        wire.OpenSession,
         ids_st,
         st.builds(
-            SessionSettings,
-            st.sampled_from(Mode),
+            wire.SessionSettings,
+            st.sampled_from(wire.Mode),
             f32_pos,
             f32_any,
             st.integers(1, 0xFFFF),
@@ -139,35 +115,36 @@ messages_st = st.one_of(
         ),
     ),
     st.builds(
-        Resume,
+        wire.Resume,
         ids_st,
         ids_st,
-        st.builds(SessionSettings, st.sampled_from(Mode), f32_pos, top_k=st.integers(1, 0xFFFF)),
+        st.builds(wire.SessionSettings, st.sampled_from(wire.Mode), f32_pos,
+                  top_k=st.integers(1, 0xFFFF)),
         st.integers(0, 2**32 - 1),
     ),
-    st.builds(SessionOpened, st.integers(0, 2**64 - 1), st.integers(0, 2**32 - 1)),
+    st.builds(wire.SessionOpened, st.integers(0, 2**64 - 1), st.integers(0, 2**32 - 1)),
     draft_st(),
     sparse_st(1).flatmap(
         lambda s: st.builds(
-            Verdict,
+            wire.Verdict,
             st.integers(0, 2**32 - 1),
             st.integers(0, 2**32 - 1),
             st.just(s[0]),
             st.just(s[1]),
         )
     ),
-    st.builds(RowRequest, ids_st),
-    sparse_st(2).map(lambda s: RowReply(*s)),
-    st.builds(Close, text_st),
-    st.builds(Error, st.integers(0, 0xFFFF), text_st),
+    st.builds(wire.RowRequest, ids_st),
+    sparse_st(2).map(lambda s: wire.RowReply(*s)),
+    st.builds(wire.Close, text_st),
+    st.builds(wire.Error, st.integers(0, 0xFFFF), text_st),
 )
 
-WIDE = Limits(max_message_bytes=2**20, max_prompt_tokens=2**20, max_top_k=0xFFFF, max_draft=64)
+WIDE = wire.Limits(max_message_bytes=2**20, max_prompt_tokens=2**20, max_top_k=0xFFFF, max_draft=64)
 
 
 @st.composite
 def mutated_frame_st(draw) -> bytes:
-    frame = bytearray(encode(draw(messages_st)))
+    frame = bytearray(wire.encode(draw(messages_st)))
     for _ in range(draw(st.integers(1, 4))):
         action = draw(st.sampled_from(["flip", "set", "cut", "insert", "delete"]))
         if action == "cut":
