@@ -104,30 +104,7 @@ def eval_command(
             harness, None if data is None else str(data.resolve())))
         results = out / RESULTS
         planned = {(e.user, s.label) for e in examples for s in specs}
-        already = len(planned & {harness_lib.row_key(r) for r in harness_lib.read_results(results)})
-        columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                   TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn())
-        with Progress(*columns, console=err, transient=False) as bar:
-            job = bar.add_task("evaluating", total=len(planned), completed=already)
-
-            started, fresh = time.monotonic(), [0]
-
-            def advance(example: data_lib.Example, spec: harness_lib.MethodSpec,
-                        row: dict | None) -> None:
-                if row is None:
-                    return  # counted in `already`
-                bar.update(job, advance=1, description=f"{example.user[:24]} · {spec.label}")
-                fresh[0] += 1
-                if not err.is_terminal:  # logs get one line per generation instead of a bar
-                    spent = time.monotonic() - started
-                    left = len(planned) - already - fresh[0]
-                    err.print(f"[{already + fresh[0]}/{len(planned)}] {example.user} · "
-                              f"{spec.label}: {row['tokens']} tokens, ROUGE-L "
-                              f"{row['rougeL'] * 100:.1f}, elapsed {spent:.0f} s, ETA "
-                              f"{spent / fresh[0] * left:.0f} s", markup=False)
-
-            for _ in harness_lib.run_eval(harness, examples, specs, results, progress=advance):
-                pass
+        _run_with_progress(err, harness, examples, specs, results, planned)
         rows = [r for r in harness_lib.read_results(results)
                 if harness_lib.row_key(r) in planned]
         plot = report_lib.plot_quality_vs_speed(rows, out / "quality_vs_speed.png")
@@ -141,3 +118,33 @@ def eval_command(
         raise typer.Exit(1) from None
     typer.echo(report_lib.markdown_table(report_lib.summarize(rows)))
     typer.echo(f"\nwrote {results}, {out / 'report.md'}, {out / 'summary.json'}, {plot}")
+
+
+def _run_with_progress(err: Console, harness: Any, examples: list[Any], specs: list[Any],
+                       results: Path, planned: set[tuple[str, str]]) -> None:
+    """Run every planned (user, method) not yet in `results`, with a progress bar and ETA (one
+    line per generation when stderr is a log, not a terminal)."""
+    from specsteer_lab.eval import harness as harness_lib
+
+    already = len(planned & {harness_lib.row_key(r) for r in harness_lib.read_results(results)})
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+               TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn())
+    with Progress(*columns, console=err, transient=False) as bar:
+        job = bar.add_task("evaluating", total=len(planned), completed=already)
+        started, fresh = time.monotonic(), [0]
+
+        def advance(example: Any, spec: Any, row: dict | None) -> None:
+            if row is None:
+                return  # counted in `already`
+            bar.update(job, advance=1, description=f"{example.user[:24]} · {spec.label}")
+            fresh[0] += 1
+            if not err.is_terminal:  # logs get one line per generation instead of a bar
+                spent = time.monotonic() - started
+                left = len(planned) - already - fresh[0]
+                err.print(f"[{already + fresh[0]}/{len(planned)}] {example.user} · "
+                          f"{spec.label}: {row['tokens']} tokens, ROUGE-L "
+                          f"{row['rougeL'] * 100:.1f}, elapsed {spent:.0f} s, ETA "
+                          f"{spent / fresh[0] * left:.0f} s", markup=False)
+
+        for _ in harness_lib.run_eval(harness, examples, specs, results, progress=advance):
+            pass
