@@ -43,7 +43,7 @@ def options_table(settings: type[Params] = Params) -> str:
     rows = ["| option | default | values | read by | also set from | what it does |",
             "|---|---|---|---|---|---|"]
     for entry in (PRESET, *entries(settings)):
-        rows.append(f"| `{entry.name}` | {_default(entry)} | {_cell(entry.option.range_text())} "
+        rows.append(f"| `{entry.name}` | {_default(entry)} | {_values(entry)} "
                     f"| {entry.option.scope} | {_surfaces(entry)} | {_cell(entry.option.help)} |")
     return "\n".join(rows)
 
@@ -73,6 +73,15 @@ def _value(value: Any, entry: Entry) -> str:
     if entry.is_phrases:
         return f"{len(value)} phrases" if value else "none"
     return "–" if value is None else f"`{str(value).lower() if isinstance(value, bool) else value}`"
+
+
+def _values(entry: Entry) -> str:
+    """What an option accepts, in words."""
+    if entry.is_phrases:
+        return "phrases"
+    if entry.base_type is bool:
+        return "none \\| true \\| false" if entry.default is None else "true \\| false"
+    return _cell(entry.option.range_text())
 
 
 def _surfaces(entry: Entry) -> str:
