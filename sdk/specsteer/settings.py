@@ -52,8 +52,9 @@ PRESETS = {
 }
 # `preset` is not a setting but a name for some: offered beside the options, applied first
 PRESET = Entry("preset", str, None, Option(
-    "a preset's settings, explicit options on top: default (gamma 0.5), fast (gamma 0.1, "
-    "top_k 32), strict (gamma 1)", scope=BOTH, choices=tuple(PRESETS),
+    "a preset's settings, explicit options on top: " + ", ".join(
+        f"{name} ({', '.join(f'{key} {value:g}' for key, value in values.items())})"
+        for name, values in PRESETS.items()), scope=BOTH, choices=tuple(PRESETS),
     surfaces=APP | {DEMO}))
 # names an earlier release used, and what to give instead (`Params.preset` says so)
 RENAMED = {
