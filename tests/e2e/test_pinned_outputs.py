@@ -55,6 +55,7 @@ def cross_generalist():
     return load_model(tiny_model_dir("llama", seed=1, vocab=384))
 
 
+@pytest.mark.slow  # the fast lane keeps the same-tokenizer pins; these run in the full suite
 @pytest.mark.parametrize("case", PINS["cross"], ids=lambda c: json.dumps(c["params"]))
 def test_cross_tokenizer_outputs_are_unchanged(tiny_model, cross_generalist, case):
     tokens, provenance = _generate(tiny_model, cross_generalist, case["params"],

@@ -23,6 +23,9 @@ from specsteer_lab.eval.harness import (
 from specsteer_lab.eval.metrics import rouge
 from specsteer_lab.eval.report import plot_quality_vs_speed, render_report, summarize
 
+# every method through the harness on tiny models, many times: not in ./dev test --fast
+pytestmark = pytest.mark.slow
+
 DATA = Path(__file__).parent / "data"
 REVIEWS = DATA / "lamp_reviews.jsonl"
 NEWSGROUPS = DATA / "newsgroups_slice.json"
