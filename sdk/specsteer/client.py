@@ -297,6 +297,9 @@ class Client:
         lowered by its length. `exclude`: record ids not to retrieve (the draft's own record, if
         it is stored: its text is already the prefix).
         """
+        if "result" in params:  # the out-list of an earlier release
+            raise TypeError("stream() takes no result= list any more: the Stream it returns has "
+                            ".result once it has ended (and .stats as it goes)")
         policy = OfflinePolicy.parse(offline)
         settings = _settings(preset, settings, params)
         started = time.perf_counter()
