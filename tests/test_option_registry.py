@@ -176,4 +176,3 @@ def test_scope_says_what_crosses_the_wire():
         changed = replace(base, **{entry.name: _other(entry)})
         sent = session_settings(changed, _Link()) != session_settings(base, _Link())  # type: ignore[arg-type]
         assert sent == (entry.option.scope in (COMPANION, BOTH)), entry.name
-
