@@ -168,15 +168,14 @@ class Config:
 
 
 def timed_stream(client: Client, user, **params) -> Run:
-    out: list = []
     stamps: list[float] = []
     first = ""
     started = time.perf_counter()
-    for piece in client.stream(user.query, task=user.task, result=out, warm_start=False,
-                               **params):
+    stream = client.stream(user.query, task=user.task, warm_start=False, **params)
+    for piece in stream:
         stamps.append(time.perf_counter() - started)
         first = first or piece.text
-    result = out[0]
+    result = stream.result
     text = result.text
     nbytes = len(text.encode())
     return Run(result.stats.tokens, nbytes, len(stamps) - 1, nbytes - len(first.encode()),

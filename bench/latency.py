@@ -107,11 +107,11 @@ class DelayProxy:
 def timed(client: Client, query: object, task: str, **params: object) -> tuple[float, float,
                                                                              Result]:
     """(time to first token, total time, result) of one streamed generation."""
-    out: list[Result] = []
     started, first = time.perf_counter(), None
-    for _ in client.stream(query, task=task, result=out, **params):  # type: ignore[arg-type]
+    stream = client.stream(query, task=task, **params)  # type: ignore[arg-type]
+    for _ in stream:
         first = first if first is not None else time.perf_counter() - started
-    return first or 0.0, time.perf_counter() - started, out[0]
+    return first or 0.0, time.perf_counter() - started, stream.result
 
 
 def prefill_rate(model, ids: Sequence[int]) -> float:

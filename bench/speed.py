@@ -68,13 +68,13 @@ def _pin(core: int) -> None:
 
 def timed_stream(client: Client, query: dict, task: str, **params) -> tuple[list[float], object]:
     """Token arrival times (seconds from the call) and the Result."""
-    out: list = []
     stamps: list[float] = []
     started = time.perf_counter()
     # decode speed of the method itself: no warm start (bench/latency.py measures that)
-    for _ in client.stream(query, task=task, result=out, warm_start=False, **params):
+    stream = client.stream(query, task=task, warm_start=False, **params)
+    for _ in stream:
         stamps.append(time.perf_counter() - started)
-    return stamps, out[0]
+    return stamps, stream.result
 
 
 def deflated_size(frames: list[tuple[str, bytes]]) -> int:

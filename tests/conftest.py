@@ -1,8 +1,7 @@
-"""Shared fixtures: tiny deterministic models (built once, cached) and real registry models."""
+"""Shared fixtures: tiny deterministic models (built once, cached); real registry models are in
+`helpers.real_models`."""
 
 from __future__ import annotations
-
-import os
 
 import pytest
 
@@ -34,13 +33,3 @@ def tiny_batched_generalist() -> BatchedModel:
     """The tiny Generalist's folder on the batchable raw-ONNX-Runtime runtime."""
     return BatchedModel(tiny_model_dir("llama", seed=1))
 
-
-def real_model(name: str, precision: str | None = None) -> OnnxModel:
-    """A registry model, fetched and compiled on first use (cached under $SPECSTEER_HOME)."""
-    from specsteer.models.compile import compile_model
-    from specsteer.models.fetch import fetch
-
-    if os.environ.get("SPECSTEER_SKIP_REAL"):
-        pytest.skip("SPECSTEER_SKIP_REAL is set")
-    fetch(name)
-    return load_model(compile_model(name, precision))

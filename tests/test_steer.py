@@ -1,4 +1,4 @@
-"""Unit and property tests of specsteer.steer: the decoding rules, checked against METHOD.md."""
+"""Unit and property tests of specsteer.steer: the method, checked against docs/method.md."""
 
 from __future__ import annotations
 
@@ -15,16 +15,11 @@ from specsteer.steer import (
     classic_accept_greedy,
     classic_accept_sampling,
     costeer,
-    end_probability,
     fuse,
     light_costeer,
     log_softmax,
-    loops,
-    opening_bans,
-    phrase_bans,
     pick,
     ratio_accept_count,
-    repeated_ngram_bans,
     sample_index,
     sparse_steer,
     token_logprobs,
@@ -464,65 +459,3 @@ def test_sparse_steer_top_p_is_a_prefix_of_top_k() -> None:
     assert 1 <= n < 64
     assert cut.ids.tolist() == full.ids.tolist()[:n]
     assert np.exp(g[cut.ids]).sum() >= 0.9 > np.exp(g[cut.ids[:-1]]).sum()
-
-
-def test_repeated_ngram_bans_names_the_tokens_that_would_repeat_an_ngram():
-    out = [5, 6, 7, 5, 6]  # "5 6" was followed by 7 once: 7 now repeats the 3-gram 5 6 7
-    assert repeated_ngram_bans(out, 3) == {7}
-    assert repeated_ngram_bans(out, 2) == {7}  # after 6 came 7
-    assert repeated_ngram_bans([1, 2, 1, 3, 1], 2) == {2, 3}
-    assert repeated_ngram_bans(out, 4) == frozenset()  # "7 5 6" never occurred before
-    assert repeated_ngram_bans(out, 0) == frozenset()
-    assert repeated_ngram_bans([9], 2) == frozenset()
-
-
-def test_a_loop_rule_lets_an_ngram_come_back_once_and_not_twice():
-    twice = [1, 2, 3, 9, 1, 2, 3, 8, 1, 2, 3]  # "1 2 3" then 9 once, then 8 once
-    assert repeated_ngram_bans(twice, 4, times=2) == frozenset()
-    thrice = [1, 2, 3, 9, 1, 2, 3, 9, 1, 2, 3]  # "1 2 3 9" twice: no third time
-    assert repeated_ngram_bans(thrice, 4, times=2) == {9}
-    assert repeated_ngram_bans(thrice, 4) == {9}
-    assert repeated_ngram_bans(thrice, 0, times=2) == frozenset()
-
-
-def test_end_probability_of_a_full_row_and_of_the_companion_s_top_k() -> None:
-    eos = frozenset({3, 4})
-    probs = np.array([0.1, 0.2, 0.1, 0.35, 0.25])
-    logits = np.log(probs) + 7.0  # unnormalised, as a model's row
-    assert end_probability(logits, eos) == pytest.approx(0.6, abs=1e-6)
-    ids = np.array([1, 3, 0])  # the companion's top-k: log-probabilities of these ids only
-    assert end_probability(np.log(probs[ids]), eos, ids) == pytest.approx(0.35, abs=1e-6)
-    # an end-of-text id outside the top-k counts as nothing
-    assert end_probability(np.log(probs[[1, 0]]), eos, np.array([1, 0])) == 0.0
-    # a log-probability rounded above 0 is still certainty, so end_release 1 always holds
-    assert end_probability(np.array([1e-6, -20.0]), frozenset({0}), np.array([0, 1])) == 1.0
-
-
-def test_opening_bans_only_the_token_that_completes_an_opening_at_the_start() -> None:
-    openings = [(5, 6, 7), (5, 9), (4,)]
-    assert opening_bans([], openings) == {4}  # a one-token opening: banned at the start
-    assert opening_bans([5], openings) == {9}  # "I'm" may open a text, "I'm sorry" may not
-    assert opening_bans([5, 6], openings) == {7}
-    assert opening_bans([5, 6, 7], openings) == frozenset()  # past every opening
-    assert opening_bans([1, 5, 6], openings) == frozenset()  # not at the start: free
-    assert opening_bans([5, 6], []) == frozenset()
-
-
-def test_phrase_bans_the_token_that_completes_a_phrase_anywhere() -> None:
-    phrases = [(5, 6, 7), (6, 9), (4,)]
-    assert phrase_bans([], phrases) == {4}  # a one-token phrase: never written
-    assert phrase_bans([1, 2, 5, 6], phrases) == {4, 7, 9}  # mid-text, after the rest of each
-    assert phrase_bans([5, 6, 7, 6], phrases) == {4, 9}  # a second phrase after the first
-    assert phrase_bans([6], phrases) == {4, 9}  # a phrase from the first token
-    assert phrase_bans([5, 8, 6], phrases[:1]) == frozenset()  # only the phrase's own tail
-    assert phrase_bans([5, 6], []) == frozenset()
-
-
-def test_loops_marks_the_third_time_of_the_last_ngram():
-    sentence = [5, 6, 7, 8, 9]
-    assert not loops(sentence * 2, 4)  # a sentence said twice is not yet a loop
-    assert not loops(sentence * 2 + [5, 6, 7], 4)
-    assert loops(sentence * 2 + [5, 6, 7, 8], 4)  # "5 6 7 8" the third time
-    assert not loops(sentence * 3 + [1], 4)  # only the last n-gram counts
-    assert not loops(sentence * 3, 0) and not loops([1, 1], 4)
-    assert loops(sentence * 2 + [5, 6, 7, 8], 4, times=2)

@@ -218,18 +218,18 @@ def test_client_stream_pieces_are_unchanged(tiny_model, seed):
     # Sampled at temperature 1 the tiny model emits stray bytes and split characters.
     client = Client(tiny_model, history=HistoryStore(memory=True))
     params = dict(method="slm", max_new_tokens=60, temperature=1.0, seed=seed)
-    first: list = []
-    pieces = list(client.stream("Budget for the next quarter", result=first, **params))
-    tokens = first[0].tokens
+    stream = client.stream("Budget for the next quarter", **params)
+    pieces = list(stream)
+    first = stream.result
+    tokens = first.tokens
     assert [(p.text, p.token) for p in pieces] == _pieces_by_full_decode(
         tiny_model.tokenizer, tokens, ""
     )
-    assert first[0].text == tiny_model.tokenizer.decode(tokens)
-    stop = first[0].text[len(first[0].text) // 2 :][:2]
+    assert first.text == tiny_model.tokenizer.decode(tokens)
+    stop = first.text[len(first.text) // 2 :][:2]
     if stop:
-        stopped: list = []
-        pieces = list(client.stream("Budget for the next quarter", result=stopped, stop=[stop],
-                                    **params))
+        stream = client.stream("Budget for the next quarter", stop=[stop], **params)
+        pieces = list(stream)
         expected = _pieces_by_full_decode(tiny_model.tokenizer, tokens, stop)
         assert [(p.text, p.token) for p in pieces] == expected
-        assert stopped[0].text == first[0].text[: first[0].text.find(stop)]
+        assert stream.result.text == first.text[: first.text.find(stop)]

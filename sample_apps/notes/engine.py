@@ -19,17 +19,17 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from specsteer import protocol
-from specsteer.client import NO_TOKEN, Client, Result
+from specsteer.client import NO_TOKEN, Client
 from specsteer.device import ModeChange, OfflinePolicy
 from specsteer.errors import SpecSteerError
 from specsteer.history import HistoryStore
 from specsteer.runtime.base import LanguageModel
+from specsteer.settings import Params
 
 Emit = Callable[[str, dict[str, Any]], None]
-PRESETS = ("default", "fast", "strict")
-LEAK_GUARDS = ("allow", "redact", "hold")  # Params.leak_guard; the SDK's default is "allow"
-# never repeat an 8-gram of the continuation: greedy decoding otherwise loops on one sentence
-NO_REPEAT_NGRAM = 8
+# never repeat an 8-gram of the continuation (the SDK's default): greedy decoding otherwise loops
+# on one sentence
+NO_REPEAT_NGRAM = Params().no_repeat_ngram
 # how long /api/prepare waits for the prefill before answering "not ready yet"
 PREPARE_WAIT_S = 30.0
 
@@ -41,7 +41,7 @@ class Settings:
     companion: str = ""  # ws:// or wss:// URL; empty: no companion (local only)
     token: str = ""
     preset: str = "default"
-    leak_guard: str = "allow"  # what a draft copying private history does (LEAK_GUARDS)
+    leak_guard: str = Params().leak_guard  # what a draft copying private history does
 
 
 class Busy(SpecSteerError):
@@ -210,10 +210,9 @@ class NotesEngine:
             if self.settings.companion:
                 self.mode, self.mode_reason = "collaborative", ""
             emit("mode", {"mode": self.mode, "reason": self.mode_reason})
-            out: list[Result] = []
             request = self._request(title, body, note_id)
             stream = self._client().stream(
-                request.pop("query"), offline=self.policy, on_mode=on_mode, result=out,
+                request.pop("query"), offline=self.policy, on_mode=on_mode,
                 **self._options(), **request)
             try:
                 for piece in stream:
@@ -224,10 +223,10 @@ class NotesEngine:
                         return
             finally:
                 stream.close()
-            stats = out[0].stats
+            stats = stream.result.stats
             emit("done", {"tokens": stats.tokens, "acceptance_rate": stats.acceptance_rate,
                           "drafted": stats.drafted, "accepted": stats.accepted,
-                          "local_tokens": out[0].provenance.count("local"),
+                          "local_tokens": stream.result.provenance.count("local"),
                           "tokens_per_s": stats.tokens_per_s, "bytes_up": stats.bytes_up,
                           "bytes_down": stats.bytes_down, "degraded": stats.degraded,
                           "reconnects": stats.reconnects, "records": list(stats.records),

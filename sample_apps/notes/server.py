@@ -23,9 +23,10 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
-from engine import LEAK_GUARDS, PRESETS, Busy, NotesEngine
+from engine import Busy, NotesEngine
 
 from specsteer.errors import RecordNotFound, SpecSteerError
+from specsteer.settings import LEAK_GUARDS, PRESETS
 
 # the app's own page, then what both sample apps share (style.css, frames.js)
 STATIC = (Path(__file__).resolve().parent / "static",
@@ -81,7 +82,7 @@ class NotesHandler(BaseHTTPRequestHandler):
         if path == "/api/status":
             return self._json(self.engine.status())
         if path == "/api/settings":
-            return self._json({**vars(self.engine.settings), "presets": PRESETS,
+            return self._json({**vars(self.engine.settings), "presets": list(PRESETS),
                                "leak_guards": LEAK_GUARDS})
         self._error(HTTPStatus.NOT_FOUND, f"no such page: {path}")
 

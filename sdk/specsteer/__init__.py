@@ -15,15 +15,17 @@ from typing import TYPE_CHECKING, Any
 __version__ = "0.1.0"
 
 if TYPE_CHECKING:
-    from specsteer.client import Client, GenerationStats, Piece, Result
+    from specsteer.client import Client
+    from specsteer.generation import GenerationStats, Piece, Result, Stream
     from specsteer.history import HistoryStore, Record
     from specsteer.settings import Params
 
 _LAZY = {
     "Client": "specsteer.client",
-    "GenerationStats": "specsteer.client",
-    "Piece": "specsteer.client",
-    "Result": "specsteer.client",
+    "GenerationStats": "specsteer.generation",
+    "Piece": "specsteer.generation",
+    "Result": "specsteer.generation",
+    "Stream": "specsteer.generation",
     "Params": "specsteer.settings",
     "HistoryStore": "specsteer.history",
     "Record": "specsteer.history",
@@ -36,6 +38,7 @@ __all__ = [
     "Piece",
     "Record",
     "Result",
+    "Stream",
     "__version__",
 ]
 

@@ -1,8 +1,10 @@
 """`Client`: the SDK's front door — history retrieval, prompts, local Specialist, companion.
 
-`stream()` yields text pieces with their provenance as they are decided; `generate()` returns the
-whole text with stats. The private context is retrieved and rendered here and handed to the
-on-device Specialist only; the companion receives the context-free request's token ids.
+`stream()` returns a `Stream` of text pieces with their provenance as they are decided, whose
+stats count as it goes; `generate()` returns the whole text with stats. The private context is
+retrieved and rendered here and handed to the on-device Specialist only; the companion receives
+the context-free request's token ids. The Client owns every thread it starts (`Workers`):
+`close()`, or leaving a `with` block, waits for them.
 """
 
 from __future__ import annotations
@@ -12,14 +14,13 @@ import logging
 import ssl
 import threading
 import time
-from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Generator, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
 from specsteer.device import (
-    DecodeStats,
     DevicePrompt,
     ModeChange,
     OfflinePolicy,
@@ -27,20 +28,24 @@ from specsteer.device import (
     TokenEvent,
     decode,
 )
+from specsteer.device.drafting import Drafted
 from specsteer.device.rounds import first_draft, first_draft_key
+from specsteer.device.rules import make_rules
 from specsteer.errors import (
     CompanionConfigError,
     CompanionUnavailable,
     ConfigError,
     GenerationCancelled,
 )
+from specsteer.generation import GenerationStats, Piece, Result, Stream
 from specsteer.history import HistoryStore, Prompt, build_prompt, continuation_prefix, retrieve
 from specsteer.link import CompanionLink, FrameChannel, FrameTap, LinkStats
-from specsteer.meta_answers import phrase_ids
 from specsteer.prepared import KeptSessions, KeptTracks, OpeningSession
 from specsteer.runtime import load_device_model
 from specsteer.runtime.base import LanguageModel
-from specsteer.tokenizer import Message, check_text
+from specsteer.runtime.track import Track
+from specsteer.tokenizer import Message, Tokenizer, check_text
+from specsteer.workers import Workers
 
 ChannelFactory = Callable[[], FrameChannel]
 log = logging.getLogger("specsteer.client")
@@ -55,68 +60,6 @@ class _NoToken:
 
 
 NO_TOKEN = _NoToken()
-
-
-@dataclass(frozen=True)
-class Piece:
-    """A streamed piece of text and the token that produced it."""
-
-    text: str
-    token: int
-    provenance: str
-    round: int
-
-
-@dataclass
-class GenerationStats:
-    """What one generation cost, as the device measured it."""
-
-    method: str
-    tokens: int
-    rounds: int
-    drafted: int
-    accepted: int
-    acceptance_rate: float
-    total_s: float
-    tokens_per_s: float
-    first_token_s: float | None
-    retrieval_s: float
-    prefill_s: float
-    device_s: float
-    wait_s: float  # companion compute + network, seen from the device
-    bytes_up: int
-    bytes_down: int
-    degraded: bool
-    offline_reason: str | None = None  # why generation went local, when it did
-    reconnects: int = 0  # times collaboration resumed after the companion came back
-    resyncs: int = 0  # dropped links replaced at once by a session resumed on a fresh one
-    pipelined: int = 0  # rounds drafted while the previous round was being verified
-    prefill_reused: int = 0  # private prompt tokens whose KV state a `prepare` or an earlier
-    #                          generation had already computed (exact rewind)
-    prefill_tokens: int = 0  # private prompt tokens this generation prefilled itself
-    prompt_tokens: int = 0  # the prompt the Specialist read (the private one; the public one
-    #                         for the SLM baseline): an OpenAI `usage.prompt_tokens`
-    warm_tokens: int = 0  # Generalist tokens written during a warm start, before the switch
-    switch_s: float | None = None  # when Draft-Verify-Recover took over (None: no warm start)
-    # when the companion held the session (hello, its prefill of the public prompt): a cold
-    # start's private prefill runs beside it, so the first round waits for the longer of the two
-    session_ready_s: float | None = None
-    session_reused: bool = False  # the companion session `prepare` opened was used as it was
-    drafted_ahead: int = 0  # tokens of the first round's draft `prepare` made after the prefill
-    cancelled: bool = False  # stopped by the caller's cancel event
-    loop_ended: bool = False  # `loop_end_ngram` ended a looping text at a sentence end
-    records: tuple[str, ...] = ()
-    truncated: tuple[str, ...] = ()
-    # the leak guard (Params.leak_guard): private spans it found in what was about to leave;
-    # drafted tokens it kept back or picks it turned away (redact); tokens decoded on the
-    # device alone because it held
-    leak_flagged: int = 0
-    leak_redacted: int = 0
-    leak_held: int = 0
-
-    @property
-    def bytes_per_token(self) -> float:
-        return (self.bytes_up + self.bytes_down) / self.tokens if self.tokens else 0.0
 
 
 @dataclass(frozen=True)
@@ -138,17 +81,6 @@ class Prepared:
             left = None if deadline is None else max(0.0, deadline - time.perf_counter())
             self.session.done(left)
         return not self.worker.is_alive() and (self.session is None or self.session.done(0))
-
-
-@dataclass
-class Result:
-    """A finished generation."""
-
-    text: str
-    tokens: list[int]
-    provenance: list[str]
-    stats: GenerationStats
-    prompt: Prompt = field(repr=False)
 
 
 class Client:
@@ -226,8 +158,9 @@ class Client:
         self.retrieve_k = retrieve_k
         self.max_prompt_tokens = max_prompt_tokens
         self.tap = tap
-        self._kept = KeptTracks(self.specialist)
-        self._sessions = KeptSessions()
+        self._workers = Workers()  # every thread this Client starts; `close` joins them
+        self._kept = KeptTracks(self.specialist, self._workers)
+        self._sessions = KeptSessions(self._workers)
 
     # -- prompts ---------------------------------------------------------------------------
     def render(self, query: Mapping[str, Any] | str, *, task: str = "email",
@@ -289,11 +222,9 @@ class Client:
                                             exclude=exclude)
         options = self._fit_user(_settings(preset, settings, params), prompt, user_length)
         key = first_draft_key(options) if self.companion is not None else None
-        tokenizer = self.specialist.tokenizer
-        phrases = phrase_ids(tokenizer, options.meta_openings, options.banned_phrases)
+        rules = make_rules(options, self.specialist.tokenizer)
         then = None if key is None else \
-            (lambda track, stop: first_draft(track, options, tokenizer.eos_ids, stop,  # noqa: E731
-                                             phrases))
+            (lambda track, stop: first_draft(track, options, rules, stop))  # noqa: E731
         worker = self._kept.prepare(task, device_prompt.private_ids, then, key)
         session = None
         if open_session and self.companion is not None and options.collaborative:
@@ -303,9 +234,18 @@ class Client:
         return Prepared(prompt, device_prompt, worker, session)
 
     def close(self) -> None:
-        """Free the kept prefill states (their KV caches) and close prepared sessions."""
+        """Free the kept prefill states (their KV caches), close prepared sessions and wait for
+        every thread this Client started (each ends within its own bound: a link closing, a
+        connection attempt within `connect_timeout_s`)."""
         self._kept.close()
         self._sessions.close()
+        self._workers.join()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def _fit_user(self, settings: Params, prompt: Prompt, user_length: bool) -> Params:
         """`settings` for this user, decided on the device: the assistant openings and phrases
@@ -360,13 +300,14 @@ class Client:
     def stream(self, query: Mapping[str, Any] | str, *, task: str = "email",
                preset: str | None = None, stop: Sequence[str] = (),
                offline: str | OfflinePolicy | None = None,
-               before: str | None = None, result: list[Result] | None = None,
+               before: str | None = None,
                on_mode: Callable[[ModeChange], None] | None = None,
                settings: Params | None = None, user_length: bool = True,
                cancel: threading.Event | None = None, prefix: str = "",
                exclude: Collection[str] = (),
-               **params: Any) -> Iterator[Piece]:
-        """Yield text pieces as tokens are decided.
+               **params: Any) -> Stream:
+        """A `Stream` of text pieces as tokens are decided; its `stats` count as it goes and
+        its `result` is the whole generation once it has ended.
 
         settings: a whole `Params`; or `preset` plus `params`, which are `Params` fields.
         user_length: write at the user's usual length for this task — no end-of-text before
@@ -394,68 +335,44 @@ class Client:
         lowered by its length. `exclude`: record ids not to retrieve (the draft's own record, if
         it is stored: its text is already the prefix).
         """
+        if "result" in params:  # the out-list of an earlier release
+            raise TypeError("stream() takes no result= list any more: the Stream it returns has "
+                            ".result once it has ended (and .stats as it goes)")
         policy = self.offline if offline is None else OfflinePolicy.parse(offline)
         settings = _settings(preset, settings, params)
         started = time.perf_counter()
         prompt, device_prompt = self.render(query, task=task, before=before, prefix=prefix,
                                             exclude=exclude)
         settings = self._fit_user(settings, prompt, user_length)
-        retrieval_s = time.perf_counter() - started
-        link_stats = LinkStats()
-        # the session `prepare` is opening, first: a prefill it started goes on meanwhile
-        prepared = None
-        with contextlib.suppress(GenerationCancelled):  # decode then ends at once, cancelled
-            prepared = self._sessions.take(task, cancel)
-        if prepared is not None and not settings.collaborative:
-            threading.Thread(target=prepared.close, daemon=True).start()  # not on our time
-            prepared = None
-        if prepared is not None:  # its hello and OpenSession count as this generation's
-            link_stats.add_bytes(prepared.stats)
-            prepared.stats = link_stats
-        local, reused, to_prefill, ahead = None, 0, 0, None
-        if settings.method != "slm":  # the SLM baseline reads the public prompt only
-            room = len(device_prompt.private_ids) + settings.max_new_tokens + 64
-            key = first_draft_key(settings) if self.companion is not None else None
-            local, reused, ahead = self._kept.take(task, device_prompt.private_ids, room, key)
-            to_prefill = local.pending
-        stats = DecodeStats()
+        stats = GenerationStats(method=settings.method, records=prompt.records,
+                                truncated=prompt.truncated,
+                                retrieval_s=time.perf_counter() - started,
+                                prompt_tokens=len(device_prompt.private_ids
+                                                  if settings.method != "slm"
+                                                  else device_prompt.public_ids))
+        job = _Job(task, prompt, device_prompt, settings, stats, started, policy, on_mode,
+                   cancel, tuple(stop))
+        return Stream(self._write(job), stats)
+
+    def generate(self, query: Mapping[str, Any] | str, **options: Any) -> Result:
+        """The whole generation at once (see `stream` for the options)."""
+        return self.stream(query, **options).finish()
+
+    def _write(self, job: _Job) -> Generator[Piece, None, Result]:
+        """The pieces of one generation (`stream`), then its result."""
+        link = self._prepared_link(job)
+        local, ahead = self._local_track(job)
+        events = decode(self.specialist, job.device_prompt, job.settings, link, job.stats,
+                        connect=self._connector(job), offline=job.policy,
+                        on_mode=job.on_mode, cancel=job.cancel, local=local, ahead=ahead,
+                        workers=self._workers)
         tokens: list[int] = []
         provenance: list[str] = []
         text = ""
-        tok = self.specialist.tokenizer
-
-        def connect() -> CompanionLink:
-            link = self._connect(link_stats, cancel)
-            if link is None:
-                raise CompanionUnavailable("no companion configured")
-            return link
-
-        connector = connect if self.companion is not None else None
-        events = decode(self.specialist, device_prompt, settings, prepared, stats,
-                        connect=connector, offline=policy, on_mode=on_mode, cancel=cancel,
-                        local=local, ahead=ahead)
-
-        def pieces() -> Iterator[tuple[str, TokenEvent]]:
-            """New text and the token that completed it; unfinished characters wait for the rest."""
-            detokenizer, last = tok.stream_decoder(), None
-            for event in events:
-                if event.token in tok.eos_ids:
-                    break
-                tokens.append(event.token)
-                provenance.append(event.provenance)
-                last, piece = event, detokenizer.push(event.token)
-                if not detokenizer.pending:
-                    yield piece, event
-            # Held text the end made final (byte-fallback runs); a character the end cut off
-            # stays out of the pieces, as it always has.
-            tail = detokenizer.flush()
-            if tail and not tail.endswith("\ufffd") and last is not None:
-                yield tail, last
-
         try:
-            for piece, event in pieces():
+            for piece, event in _pieces(events, self.specialist.tokenizer, tokens, provenance):
                 text += piece
-                cut = _find_stop(text, stop)
+                cut = _find_stop(text, job.stop)
                 if cut is not None:
                     text = text[:cut]
                     break
@@ -463,43 +380,86 @@ class Client:
         finally:
             events.close()
             if local is not None:
-                self._kept.give_back(task, local, device_prompt.private_ids)
-        if result is not None:
-            total = time.perf_counter() - started
-            result.append(Result(
-                text=text if stop else tok.decode(tokens), tokens=tokens, provenance=provenance,
-                prompt=prompt,
-                stats=GenerationStats(
-                    method=settings.method, tokens=len(tokens), rounds=stats.rounds,
-                    drafted=stats.drafted, accepted=stats.accepted,
-                    acceptance_rate=stats.acceptance_rate, total_s=total,
-                    tokens_per_s=len(tokens) / total if total else 0.0,
-                    first_token_s=stats.first_token_s, retrieval_s=retrieval_s,
-                    prefill_s=stats.prefill_s, device_s=stats.device_s,
-                    wait_s=link_stats.wait_s, bytes_up=link_stats.bytes_up,
-                    bytes_down=link_stats.bytes_down, degraded=stats.degraded,
-                    offline_reason=stats.offline_reason, reconnects=stats.reconnects,
-                    resyncs=stats.resyncs,
-                    pipelined=stats.pipelined, cancelled=stats.cancelled,
-                    loop_ended=stats.loop_ended,
-                    prefill_reused=reused, prefill_tokens=to_prefill,
-                    prompt_tokens=len(device_prompt.private_ids if settings.method != "slm"
-                                      else device_prompt.public_ids),
-                    warm_tokens=stats.warm_tokens, switch_s=stats.switch_s,
-                    session_ready_s=stats.session_ready_s,
-                    session_reused=stats.session_reused, drafted_ahead=stats.drafted_ahead,
-                    records=prompt.records, truncated=prompt.truncated,
-                    leak_flagged=stats.leak_flagged, leak_redacted=stats.leak_redacted,
-                    leak_held=stats.leak_held,
-                ),
-            ))
+                self._kept.give_back(job.task, local, job.device_prompt.private_ids)
+        job.stats.total_s = time.perf_counter() - job.started
+        return Result(text=text if job.stop else self.specialist.tokenizer.decode(tokens),
+                      tokens=tokens, provenance=provenance, stats=job.stats, prompt=job.prompt)
 
-    def generate(self, query: Mapping[str, Any] | str, **options: Any) -> Result:
-        """The whole generation at once (see `stream` for the options)."""
-        out: list[Result] = []
-        for _ in self.stream(query, result=out, **options):
-            pass
-        return out[0]
+    def _prepared_link(self, job: _Job) -> CompanionLink | None:
+        """The session `prepare` is opening for the task, first (a prefill it started goes on
+        meanwhile); its hello and OpenSession count as this generation's."""
+        link = None
+        with contextlib.suppress(GenerationCancelled):  # decode then ends at once, cancelled
+            link = self._sessions.take(job.task, job.cancel)
+        if link is not None and not job.settings.collaborative:
+            self._workers.start(link.close, "specsteer-close")  # not on the caller's time
+            return None
+        if link is not None:
+            job.stats.add_bytes(link.stats)
+            link.stats = job.stats
+        return link
+
+    def _local_track(self, job: _Job) -> tuple[Track | None, Drafted | None]:
+        """The task's kept Specialist track for the private prompt (prefilled as far as an
+        earlier prepare or generation got) and the first draft made ahead, if it fits; the SLM
+        baseline reads the public prompt only and keeps none."""
+        if job.settings.method == "slm":
+            return None, None
+        ids = job.device_prompt.private_ids
+        room = len(ids) + job.settings.max_new_tokens + 64
+        key = first_draft_key(job.settings) if self.companion is not None else None
+        local, job.stats.prefill_reused, ahead = self._kept.take(job.task, ids, room, key)
+        job.stats.prefill_tokens = local.pending
+        return local, ahead
+
+    def _connector(self, job: _Job) -> Callable[[], CompanionLink] | None:
+        """New links for this generation, counting into its stats (None: no companion)."""
+        if self.companion is None:
+            return None
+
+        def connect() -> CompanionLink:
+            link = self._connect(job.stats, job.cancel)
+            if link is None:
+                raise CompanionUnavailable("no companion configured")
+            return link
+
+        return connect
+
+
+@dataclass(frozen=True)
+class _Job:
+    """One `stream` call, rendered and fitted: what its generator needs."""
+
+    task: str
+    prompt: Prompt
+    device_prompt: DevicePrompt
+    settings: Params
+    stats: GenerationStats
+    started: float
+    policy: OfflinePolicy
+    on_mode: Callable[[ModeChange], None] | None
+    cancel: threading.Event | None
+    stop: tuple[str, ...]
+
+
+def _pieces(events: Iterator[TokenEvent], tok: Tokenizer, tokens: list[int],
+            provenance: list[str]) -> Iterator[tuple[str, TokenEvent]]:
+    """New text and the token that completed it; unfinished characters wait for the rest.
+    Each token is appended to `tokens` and `provenance` as it comes."""
+    detokenizer, last = tok.stream_decoder(), None
+    for event in events:
+        if event.token in tok.eos_ids:
+            break
+        tokens.append(event.token)
+        provenance.append(event.provenance)
+        last, piece = event, detokenizer.push(event.token)
+        if not detokenizer.pending:
+            yield piece, event
+    # Held text the end made final (byte-fallback runs); a character the end cut off stays
+    # out of the pieces, as it always has.
+    tail = detokenizer.flush()
+    if tail and not tail.endswith("\ufffd") and last is not None:
+        yield tail, last
 
 
 _LOOPBACK_HOSTS = {"localhost", "127.0.0.1", "::1"}
@@ -596,4 +556,5 @@ def _find_stop(text: str, stop: Sequence[str]) -> int | None:
     return min(positions) if positions else None
 
 
-__all__ = ["NO_TOKEN", "Client", "GenerationStats", "Piece", "Prepared", "Result", "TokenEvent"]
+__all__ = ["NO_TOKEN", "Client", "GenerationStats", "Piece", "Prepared", "Result", "Stream",
+           "TokenEvent"]

@@ -25,6 +25,7 @@ from specsteer.errors import (
     GenerationCancelled,
     ProtocolError,
 )
+from specsteer.options import stat
 from specsteer.protocol import (
     DeviceConnection,
     ErrorCode,
@@ -81,14 +82,15 @@ CANCEL_POLL_S = 0.05  # with a cancel event, a wait for a reply looks at it this
 
 @dataclass
 class LinkStats:
-    """Wire cost and waiting time as the device saw them."""
+    """Wire cost and waiting time as the device saw them, over every link of a generation."""
 
-    bytes_up: int = 0
-    bytes_down: int = 0
-    frames_up: int = 0
-    frames_down: int = 0
-    wait_s: float = 0.0  # companion compute + network, as measured on the device
-    requests: int = 0
+    bytes_up: int = stat(0, "bytes sent to the companion (frames as they travel)")
+    bytes_down: int = stat(0, "bytes received from the companion")
+    frames_up: int = stat(0, "frames sent to the companion")
+    frames_down: int = stat(0, "frames received from the companion")
+    wait_s: float = stat(0.0, "seconds waited for the companion: its compute and the network, "
+                              "as measured on the device")
+    requests: int = stat(0, "replies waited for from the companion (hello, session, rounds)")
 
     def add_bytes(self, other: LinkStats) -> None:
         """Count `other`'s frames and bytes here too (a link opened ahead of the request)."""

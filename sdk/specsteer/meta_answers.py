@@ -4,7 +4,7 @@ Asked to write a newsgroup follow-up without the thread, the Generalist (and a S
 learned the same habit) answers about the request instead: "I'm sorry, but I can't assist with
 that request", "As an AI language model, …", "Could you please provide more information …".
 The decoder bans the token that would complete one of these phrases at the start of the output
-(`steer.opening_bans`), so the model writes the text itself; measured on 20 newsgroup senders
+(`device.rules.opening_bans`), so the model writes the text itself; measured on 20 newsgroup senders
 (docs/BENCHMARKS.md). The phrases are English; an app writing in another language passes its
 own as `Params.meta_openings`, `()` turns the rule off.
 

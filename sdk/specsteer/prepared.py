@@ -24,6 +24,7 @@ from specsteer.link import CANCEL_POLL_S, CompanionLink
 from specsteer.runtime.base import LanguageModel
 from specsteer.runtime.track import Track, model_pace
 from specsteer.settings import Params
+from specsteer.workers import Workers
 
 PREPARED_ROOM = 1024  # tokens a prepared session leaves after its prompt (generation + margin)
 # drafts the first round on a prefilled track; the callable says when to stop early
@@ -61,8 +62,9 @@ class _Kept:
 class KeptTracks:
     """Per-task prefilled Specialist tracks, safe to use from several threads."""
 
-    def __init__(self, model: LanguageModel) -> None:
+    def __init__(self, model: LanguageModel, workers: Workers) -> None:
         self.model = model
+        self.workers = workers  # the owner's (the Client's): it joins the prefills
         self._kept: dict[str, _Kept] = {}
         self._lock = threading.Lock()
 
@@ -81,7 +83,7 @@ class KeptTracks:
                 if then is not None and not kept.stop.is_set():
                     kept.ahead = (key, then(kept.track, kept.stop.is_set))
 
-        kept.worker = threading.Thread(target=run, name="specsteer-prepare", daemon=True)
+        kept.worker = self.workers.thread(run, "specsteer-prepare")
         with self._lock:
             old = self._kept.pop(task, None)
             self._kept[task] = kept
@@ -158,15 +160,15 @@ class OpeningSession:
     """
 
     def __init__(self, connect: Connect, public_ids: Sequence[int], params: Params,
-                 link: CompanionLink | None = None) -> None:
+                 workers: Workers, link: CompanionLink | None = None) -> None:
         self.stop = threading.Event()
+        self.workers = workers
         self._lock = threading.Lock()
         self._link: CompanionLink | None = None
         self._taken = False
-        self._thread = threading.Thread(target=self._open, args=(connect, list(public_ids),
-                                                                 params, link),
-                                        name="specsteer-open", daemon=True)
-        self._thread.start()
+        ids = list(public_ids)
+        self._thread = workers.start(lambda: self._open(connect, ids, params, link),
+                                     "specsteer-open")
 
     def _open(self, connect: Connect, public_ids: list[int], params: Params,
               link: CompanionLink | None) -> None:
@@ -212,13 +214,14 @@ class OpeningSession:
         with self._lock:
             link, self._link, self._taken = self._link, None, True
         if link is not None:  # a websocket close waits a round trip: not on the caller's time
-            threading.Thread(target=link.close, name="specsteer-close", daemon=True).start()
+            self.workers.start(link.close, "specsteer-close")
 
 
 class KeptSessions:
     """The companion session `Client.prepare` opened per task (at most one each)."""
 
-    def __init__(self) -> None:
+    def __init__(self, workers: Workers) -> None:
+        self.workers = workers  # the owner's (the Client's): it joins openings and closes
         self._kept: dict[str, OpeningSession] = {}
         self._lock = threading.Lock()
 
@@ -231,7 +234,7 @@ class KeptSessions:
         link = old.take_if_open() if old is not None else None
         if old is not None and link is None:
             old.close()
-        opening = OpeningSession(connect, public_ids, params, link)
+        opening = OpeningSession(connect, public_ids, params, self.workers, link)
         with self._lock:
             other, self._kept[task] = self._kept.get(task), opening
         if other is not None:  # another thread prepared the task meanwhile

@@ -1,6 +1,6 @@
 """The decoding rules of SpecSteer and its baselines, as pure functions on numpy arrays.
 
-This module owns the maths of docs/METHOD.md: the ratio acceptance test (Verify), the sparse
+This module owns the maths of docs/method.md: the ratio acceptance test (Verify), the sparse
 steering vector and its fusion on the device (Recover), classic speculative acceptance
 (greedy and Leviathan et al. sampling), LightCoSteer and CoSteer. The device, the companion and
 the benchmark harness all call these same functions, so the two sides of the wire cannot drift.
@@ -14,7 +14,6 @@ Conventions: ties go to the lowest index; `-inf` means "impossible" and survives
 from __future__ import annotations
 
 import math
-from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -29,25 +28,19 @@ __all__ = [
     "classic_accept_greedy",
     "classic_accept_sampling",
     "costeer",
-    "end_probability",
-    "forbid",
     "fuse",
     "light_costeer",
     "log_softmax",
-    "loops",
+    "log_softmax_wide",
     "nucleus",
-    "opening_bans",
-    "phrase_bans",
     "pick",
     "possible_only",
-    "repeated_ngram_bans",
     "ratio_accept_count",
     "ratio_accepts",
     "sample_index",
     "sparse_steer",
     "token_logprobs",
     "top_k_ids",
-    "without",
 ]
 
 
@@ -61,10 +54,10 @@ def log_softmax(logits: np.ndarray, temperature: float = 1.0) -> np.ndarray:
     precision (at least float32) so float64 logits beyond float32's range still work.
     A temperature <= 0 means 1 here: greedy callers still want the true distribution.
     """
-    return _log_softmax(logits, temperature).astype(np.float32, copy=False)
+    return log_softmax_wide(logits, temperature).astype(np.float32, copy=False)
 
 
-def _log_softmax(logits: np.ndarray, temperature: float = 1.0) -> np.ndarray:
+def log_softmax_wide(logits: np.ndarray, temperature: float = 1.0) -> np.ndarray:
     """log_softmax in max(input, float32) precision; rows that are all -inf give NaN."""
     x = np.asarray(logits)
     x = x.astype(np.result_type(x.dtype, np.float32), copy=False)
@@ -144,7 +137,7 @@ def ratio_accept_count(
     Greedy (rng None): accept draft i iff P_G >= gamma * P_S0, i.e. exactly when the sampling
     rule would accept it with probability 1. The boundary is inclusive so that identical
     models (P_G == P_S0) accept every draft for any gamma <= 1, the consistency check of
-    docs/STYLE.md. Sampling: one uniform per draft drawn up front. Counting stops at the first
+    docs/style.md. Sampling: one uniform per draft drawn up front. Counting stops at the first
     reject. gamma == 0 accepts everything (and draws nothing).
     """
     g = np.asarray(logp_g, dtype=np.float64).reshape(-1)
@@ -266,7 +259,7 @@ def sparse_steer(
 ) -> SparseSteer:
     """The sparse vector the companion sends down for the recovery / bonus position.
 
-    Candidates: the top-k of logp_G (select="generalist", the default: METHOD.md measured that
+    Candidates: the top-k of logp_G (select="generalist", the default: docs/method.md measured that
     the top-k of the difference favours tokens the Specialist merely finds unlikely, often
     end-of-text) or of logp_G - alpha * logp_S0 (select="difference", kept for comparison);
     top_p < 1 keeps only the shortest prefix of them holding top_p of P_G's mass (`nucleus`).
@@ -326,84 +319,6 @@ def nucleus(logp_best_first: np.ndarray, top_p: float) -> int:
     mass = np.cumsum(np.exp(np.asarray(logp_best_first, dtype=np.float64)))
     keep = int(np.searchsorted(mass, top_p, side="left")) + 1
     return max(1, min(keep, n))
-
-
-def forbid(row: np.ndarray, ids: frozenset[int] | Sequence[int]) -> np.ndarray:
-    """A copy of a full scores row with `ids` made impossible (-inf): how the device keeps
-    end-of-text out before the user's minimum length. The row is unchanged when ids is empty."""
-    if not ids:
-        return row
-    out = np.array(row, copy=True)
-    out[np.fromiter(ids, dtype=np.int64)] = -np.inf
-    return out
-
-
-def end_probability(
-    row: np.ndarray, eos: frozenset[int], ids: np.ndarray | None = None
-) -> float:
-    """Probability that the text ends here: the mass of `eos` under `row`, which is either
-    logits over the whole vocabulary (`ids` None) or the log-probabilities of `ids` (the
-    companion's top-k, where an id outside them counts as 0)."""
-    if ids is None:
-        logp = _log_softmax(np.asarray(row))
-        mass = np.exp(logp[np.fromiter(eos, dtype=np.int64)]).sum()
-    else:
-        mass = np.exp(np.asarray(row)[np.isin(ids, list(eos))]).sum()
-    return min(float(mass), 1.0)  # rounding can lift a near-certain log-probability above 0
-
-
-def opening_bans(output: Sequence[int], openings: Sequence[Sequence[int]]) -> frozenset[int]:
-    """Tokens that would make `output` exactly one of `openings` (id sequences), checked
-    at the start of a text: the phrase's last token is banned, its beginning stays free
-    ("I'm" may open a text, "I'm sorry" may not)."""
-    n = len(output)
-    return frozenset(seq[-1] for seq in openings
-                     if len(seq) == n + 1 and tuple(seq[:-1]) == tuple(output))
-
-
-def phrase_bans(output: Sequence[int], phrases: Sequence[Sequence[int]]) -> frozenset[int]:
-    """Tokens that would make `output` end with one of `phrases` (id sequences), anywhere in
-    the text: the phrase's last token is banned after the rest of it."""
-    return frozenset(seq[-1] for seq in phrases
-                     if len(seq) <= len(output) + 1
-                     and tuple(output[len(output) - len(seq) + 1:]) == tuple(seq[:-1]))
-
-
-def repeated_ngram_bans(output: Sequence[int], n: int, times: int = 1) -> frozenset[int]:
-    """Tokens that would complete an n-gram already in `output` `times` times (none when
-    n < 2).
-
-    Greedy decoding of small models loops ("The essay is written in a way ... The essay is
-    written in a way ..."); banning a repeat of any n-gram of the generation's own output (not
-    of the prompt, so the user's phrases stay reachable) stops a verbatim loop after n-1 tokens.
-    With `times` 2 a shorter n-gram may come back once: the third "We can make sure" of a
-    paraphrase loop is cut, a phrase used twice is not.
-    """
-    if n < 2 or len(output) < n:
-        return frozenset()
-    tail = list(output[len(output) - n + 1:])
-    seen = Counter(int(output[i + n - 1]) for i in range(len(output) - n + 1)
-                   if list(output[i:i + n - 1]) == tail)
-    return frozenset(token for token, count in seen.items() if count >= times)
-
-
-def loops(output: Sequence[int], n: int, times: int = 3) -> bool:
-    """Whether the last n-gram of `output` is at least its `times`-th occurrence there (False
-    when n < 2): the text has started going round. A paraphrase loop ("We can make sure they
-    are safe. We can make sure they are alive. …") repeats short n-grams, so a 4-gram seen a
-    third time marks it where an 8-gram rule sees nothing."""
-    if n < 2 or len(output) < n:
-        return False
-    last = list(output[len(output) - n:])
-    return sum(list(output[i:i + n]) == last for i in range(len(output) - n + 1)) >= times
-
-
-def without(steer: SparseSteer, ids: frozenset[int]) -> SparseSteer | None:
-    """The candidates minus `ids` (None when nothing is left)."""
-    keep = ~np.isin(steer.ids, np.fromiter(ids, dtype=np.int64))
-    if not keep.any():
-        return None
-    return SparseSteer(steer.ids[keep], steer.values[keep])
 
 
 def possible_only(steer: SparseSteer) -> SparseSteer:
@@ -476,7 +391,7 @@ def pick(
         return int(ids_arr[int(np.argmax(np.where(np.isnan(s), -np.inf, s)))])
     if rng is None:
         raise ValueError("sampling (temperature > 0) needs an rng")
-    p = np.exp(_log_softmax(s.astype(np.float64), temperature))
+    p = np.exp(log_softmax_wide(s.astype(np.float64), temperature))
     return int(ids_arr[sample_index(np.nan_to_num(p, nan=0.0), rng)])
 
 
@@ -571,7 +486,7 @@ def costeer(
     lam: float = 2.0,
     eta: float = 10.0,
 ) -> np.ndarray:
-    """CoSteer's online FTRL loop (METHOD.md, verbatim); returns the final log-distribution pi.
+    """CoSteer's online FTRL loop (docs/method.md, verbatim); returns the final log-distribution pi.
 
         pi0 = logp_G; delta = logp_Sc - logp_S0; pi = pi0; U = 0
         for t in 1..T: U += a*(pi - pi0) + beta*delta
@@ -591,11 +506,11 @@ def costeer(
     if not support.any():
         raise ValueError("logp_g_row gives every token probability 0")
     pi0, delta = pi0_full[support], delta_full[support]
-    pi = _log_softmax(pi0) if iterations == 0 else pi0
+    pi = log_softmax_wide(pi0) if iterations == 0 else pi0
     u = np.zeros_like(pi0)
     for t in range(1, iterations + 1):
         u = u + a * (pi - pi0) + beta * delta
-        pi = _log_softmax((t * lam * pi0 + u + pi / eta) / (t * lam + 1.0 / eta))
+        pi = log_softmax_wide((t * lam * pi0 + u + pi / eta) / (t * lam + 1.0 / eta))
     out = np.full(pi0_full.shape, -np.inf, dtype=np.float32)
     out[support] = pi
     return out

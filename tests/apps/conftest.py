@@ -13,9 +13,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from apps_helpers import REPO
-from apps_helpers import companion_behind_proxy as proxied
-from ci import skip_or_fail
+from helpers.apps import REPO
+from helpers.apps import companion_behind_proxy as proxied
+from helpers.ci import skip_or_fail
 
 from specsteer.models.tiny import tiny_model_dir
 from specsteer_companion.proxy import ProxyThread

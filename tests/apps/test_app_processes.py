@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from apps_helpers import REPO, python_app, start_app
+from helpers.apps import REPO, python_app, start_app
 
 NOTES = python_app("sample_apps/notes/app.py")
 MAIL = ["node", str(REPO / "sample_apps" / "mail" / "server.mjs")]

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from apps_helpers import (
+from helpers.apps import (
     REPO,
     capture_streams,
     check_widths,
@@ -26,6 +26,9 @@ from apps_helpers import (
 )
 
 from specsteer.history import HistoryStore, retrieve
+
+# a browser, the Node app and a companion process: not in ./dev test --fast
+pytestmark = pytest.mark.slow
 
 COLLAB = ", ".join(f"#suggestion-text .tok.{p}" for p in ("draft", "recovered", "bonus"))
 CANARY = "Quillwort-canary-2468"  # in the history: private

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from apps_helpers import (
+from helpers.apps import (
     capture_streams,
     check_widths,
     choose_leak_guard,
@@ -23,6 +23,9 @@ from apps_helpers import (
 )
 
 from specsteer.history import HistoryStore, retrieve
+
+# a browser, the app and a companion process: not in ./dev test --fast
+pytestmark = pytest.mark.slow
 
 CANARY = "Marigold-canary-7731 under the blue bench"  # in the history: private
 DRAFT = "Tulips along the fence this Saturday, the kids plant the front row."

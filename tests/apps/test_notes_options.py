@@ -15,7 +15,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from counting import SlowModel
+from helpers.counting import SlowModel
+
+pytestmark = pytest.mark.slow  # a companion server and many generations: not in ./dev test --fast
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "sample_apps" / "notes"))
 
@@ -37,11 +39,12 @@ TITLE, BODY = "Bulb planting day", "Tulips along the fence this Saturday."
 class _Recording(Client):
     """A real Client that also keeps the options each `stream` was called with."""
 
-    calls: list[dict[str, Any]] = []
+    calls: list[dict[str, Any]] = []  # the options of each `stream`, and the stream itself
 
     def stream(self, query: Any, **options: Any):  # type: ignore[override]
-        _Recording.calls.append(options)
-        return super().stream(query, **options)
+        stream = super().stream(query, **options)
+        _Recording.calls.append({**options, "stream": stream})
+        return stream
 
 
 def _repeated(ids: list[int], n: int) -> int:
@@ -77,7 +80,7 @@ def test_continuations_never_repeat_an_ngram(tiny_model, recording) -> None:
                                       no_repeat_ngram=2))
     assert plain != banned
     assert [call["no_repeat_ngram"] for call in recording[-2:]] == [0, 2]
-    plain_ids, banned_ids = (list(call["result"][0].tokens) for call in recording[-2:])
+    plain_ids, banned_ids = (list(call["stream"].result.tokens) for call in recording[-2:])
     assert _repeated(plain_ids, 2) > 0 and _repeated(banned_ids, 2) == 0
 
 
@@ -88,7 +91,7 @@ def test_the_chosen_leak_guard_runs_and_its_counts_are_in_done(tiny_model, recor
                          max_new_tokens=16)
     _, done = _continue(engine)
     assert recording[-1]["leak_guard"] == policy and done["leak_guard"] == policy
-    [result] = recording[-1]["result"]  # the Client's Result the engine reported from
+    result = recording[-1]["stream"].result  # the Client's Result the engine reported from
     for name in ("leak_flagged", "leak_redacted", "leak_held"):
         assert isinstance(done[name], int) and done[name] == getattr(result.stats, name)
 

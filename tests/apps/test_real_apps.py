@@ -15,9 +15,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from apps_helpers import REPO, check_widths, public_request, python_app, screenshot, start_app
-from apps_helpers import companion_behind_proxy as proxied
-from ci import skip_or_fail
+from helpers.apps import REPO, check_widths, public_request, python_app, screenshot, start_app
+from helpers.apps import companion_behind_proxy as proxied
+from helpers.ci import skip_or_fail
 
 from specsteer_companion.proxy import ProxyThread
 

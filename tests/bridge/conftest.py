@@ -2,18 +2,14 @@
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from helpers.bridge_process import BridgeProcess
 
-sys.path.insert(0, str(Path(__file__).parent))
-
-from bridge_process import BridgeProcess  # noqa: E402
-
-from specsteer.models.tiny import tiny_model_dir  # noqa: E402
-from specsteer_companion.process import start_companion  # noqa: E402
+from specsteer.models.tiny import tiny_model_dir
+from specsteer_companion.process import start_companion
 
 
 @pytest.fixture(scope="module")

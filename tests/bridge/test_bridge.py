@@ -11,9 +11,12 @@ import sqlite3
 import time
 from pathlib import Path
 
-from bridge_process import assert_valid
+import pytest
+from helpers.bridge_process import assert_valid
 
 from specsteer.bridge import errors
+
+pytestmark = pytest.mark.slow  # bridge and companion processes: not in ./dev test --fast
 
 LONG = 1500  # tokens: a generation that is still running when the test acts on it
 # the tiny model may end a long generation early (end-of-text) in well under a second: pieces

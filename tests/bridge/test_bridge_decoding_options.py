@@ -8,11 +8,13 @@ import threading
 from typing import Any
 
 import pytest
-from bridge_process import assert_valid
+from helpers.bridge_process import assert_valid
 
 from specsteer.bridge import errors
 from specsteer.bridge.handlers import Bridge
 from specsteer.client import Client
+
+pytestmark = pytest.mark.slow  # bridge and companion processes: not in ./dev test --fast
 
 QUERY = {"query": "Bulb planting day", "task": "note", "max_new_tokens": 200}
 LEAK_STATS = ("leak_flagged", "leak_redacted", "leak_held")

@@ -22,11 +22,13 @@ from urllib.parse import urlsplit
 
 import openai
 import pytest
-from ci import skip_or_fail
+from helpers.ci import skip_or_fail
 
 from specsteer.bridge.http import _peer_closed, parse_address
 from specsteer.models.tiny import tiny_model_dir
 from specsteer_companion.process import start_companion
+
+pytestmark = pytest.mark.slow  # bridge and companion processes, HTTP: not in ./dev test --fast
 
 MESSAGES = [{"role": "user", "content": "Budget for the next quarter"}]
 MODEL = "tiny-llama-s0"  # the served model's id: the bridge's Specialist

@@ -9,7 +9,7 @@ import json
 from urllib.parse import urlsplit
 
 import pytest
-from test_bridge_http import start_http
+from test_bridge_http import MODEL, start_http
 
 from specsteer.bridge import errors
 
@@ -66,7 +66,7 @@ def test_the_http_endpoint_answers_400(spawn, tmp_path, body, where):
     status, answer = _post(url, token, body)
     assert status == 400 and answer["error"]["code"] == "invalid_params", answer
     assert answer["error"]["message"].startswith(f"{where} is not valid Unicode text")
-    status, _ = _post(url, token, {"messages": [{"role": "user", "content": "hi"}],
-                                   "max_tokens": 2})
+    status, _ = _post(url, token, {"model": MODEL, "max_tokens": 2,
+                                   "messages": [{"role": "user", "content": "hi"}]})
     assert status == 200
     assert bridge.close() == 0

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import signal
 
-from bridge_process import assert_valid
+import pytest
+from helpers.bridge_process import assert_valid
 
 from specsteer.models.tiny import tiny_model_dir
 from specsteer_companion.process import start_companion
+
+pytestmark = pytest.mark.slow  # bridge and companion processes: not in ./dev test --fast
 
 
 def test_companion_killed_mid_stream_continues_locally(spawn) -> None:

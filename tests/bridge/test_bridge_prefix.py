@@ -6,9 +6,12 @@ from __future__ import annotations
 
 import time
 
-from bridge_process import assert_valid
+import pytest
+from helpers.bridge_process import assert_valid
 
 from specsteer.bridge import errors
+
+pytestmark = pytest.mark.slow  # bridge and companion processes: not in ./dev test --fast
 
 CANARY = "Quillwort-canary-8080"  # in the history: private
 DRAFT = "Thanks Priya, the frost cloth is in the shed, and"

@@ -9,12 +9,14 @@ import json
 import threading
 
 import pytest
-from bridge_process import assert_valid
+from helpers.bridge_process import assert_valid
 
 from specsteer.bridge import errors
 from specsteer.bridge.handlers import DECODING_OPTIONS, Bridge
 from specsteer.bridge.schemas import SCHEMA_DIR, declared_members
 from specsteer.client import Client
+
+pytestmark = pytest.mark.slow  # bridge and companion processes: not in ./dev test --fast
 
 QUERY = {"query": "Budget for the next quarter", "task": "email"}
 # what the sample apps send: a preset (other session settings: gamma, top_k) and a device-only
@@ -141,3 +143,20 @@ def test_closing_the_bridge_stops_what_prepare_runs(tiny_model) -> None:
     bridge.close()
     assert not client._kept._kept
     assert not [t for t in threading.enumerate() if t.name == "specsteer-prepare"]
+
+
+def test_a_closed_bridge_leaves_no_thread_behind(tiny_model) -> None:
+    """The bridge's own threads (a generation's worker, a prepare answered later, here still
+    waiting for its prefill) and its Client's are all joined by `close`."""
+    before = set(threading.enumerate())
+    bridge = Bridge(Client(tiny_model), lambda method, params: None, max_line_bytes=1 << 20)
+    generated = threading.Event()
+    bridge.call(1, "generate", {**QUERY, "max_new_tokens": 4},
+                lambda result, error: generated.set())
+    assert generated.wait(60)
+    draft = " ".join(f"line {n} of the draft, still being typed;" for n in range(150))
+    bridge.call(2, "prepare", {**QUERY, "prefix": draft, "wait_s": 30},
+                lambda result, error: None)
+    assert "bridge-prepare" in [t.name for t in threading.enumerate()]  # still waiting
+    bridge.close()
+    assert [t.name for t in threading.enumerate() if t not in before and t.is_alive()] == []

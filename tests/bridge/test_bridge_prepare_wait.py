@@ -8,13 +8,16 @@ import threading
 import time
 from typing import Any
 
-from bridge_process import assert_valid
-from counting import SlowModel
+import pytest
+from helpers.bridge_process import assert_valid
+from helpers.counting import SlowModel
 
 from specsteer.bridge import errors
 from specsteer.bridge.handlers import Bridge
 from specsteer.client import Client
 from specsteer.history import HistoryStore
+
+pytestmark = pytest.mark.slow  # bridge and companion processes: not in ./dev test --fast
 
 REQUEST = {"query": "Budget for the next quarter", "task": "email"}
 

@@ -14,11 +14,13 @@ import subprocess
 import sys
 
 import pytest
-from ci import skip_or_fail
+from helpers.ci import skip_or_fail
 
 from specsteer.models.tiny import tiny_model_dir
 from specsteer_companion.auth import TokenStore
 from specsteer_companion.process import start_companion
+
+pytestmark = pytest.mark.slow  # CLI processes: not in ./dev test --fast
 
 G = str(tiny_model_dir("llama", seed=1))
 S = str(tiny_model_dir("llama", seed=0))

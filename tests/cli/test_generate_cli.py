@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from typer.testing import CliRunner
 
 from specsteer.cli import app
 from specsteer.models.tiny import tiny_model_dir
 from specsteer_companion.server import CompanionServer
 from specsteer_companion.verifier import Verifier
+
+pytestmark = pytest.mark.slow  # CLI runs of whole generations: not in ./dev test --fast
 
 runner = CliRunner()
 SUBJECT = "Budget for the next quarter"

@@ -5,7 +5,7 @@ budget (prompts, resumes and committed ids), the session slots, and the config's
 from __future__ import annotations
 
 import pytest
-from manual_clock import ManualClock
+from helpers.manual_clock import ManualClock
 
 from specsteer import protocol
 from specsteer.errors import CompanionConfigError

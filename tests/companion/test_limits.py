@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 
 import pytest
-from manual_clock import ManualClock as FakeClock
+from helpers.manual_clock import ManualClock as FakeClock
 
 from specsteer.errors import CompanionConfigError, CompanionLimitError
 from specsteer_companion.limits import (

@@ -8,10 +8,10 @@ Generalist counts what it runs. Issue 28 found `Draft.committed_ids` of 2,039 id
 
 from __future__ import annotations
 
-from counting import CountingModel
+from helpers.counting import CountingModel
+from helpers.manual_clock import ManualClock
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from manual_clock import ManualClock
 
 from specsteer import protocol
 from specsteer.protocol import Limits

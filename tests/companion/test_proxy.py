@@ -27,6 +27,9 @@ from specsteer_companion.proxy import (
     parse_fraction,
 )
 
+# proxy and companion processes: not in ./dev test --fast
+pytestmark = pytest.mark.slow
+
 
 class Echo:
     """A websocket echo server that records when its connections end."""

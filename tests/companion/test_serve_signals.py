@@ -14,6 +14,9 @@ import pytest
 from specsteer.models.tiny import tiny_model_dir
 from specsteer_companion.process import start_companion
 
+# companion processes and signals: not in ./dev test --fast
+pytestmark = pytest.mark.slow
+
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_serve_stops_on_signal_even_with_sigint_ignored(sig):

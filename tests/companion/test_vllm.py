@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from ci import skip_or_fail
+from helpers.ci import skip_or_fail
 
 from specsteer import protocol
 from specsteer.client import Client
@@ -346,7 +346,7 @@ def test_a_registry_model_exported_for_vllm_scores_as_onnx_runtime_does(tmp_path
     """`specsteer models export-hf` on a real registry model (SmolLM2-135M, fp32): the folder
     loads in vLLM and its rows are the fp32 ONNX Runtime compile's."""
     _vllm_or_skip()
-    from conftest import real_model
+    from helpers.real_models import real_model
 
     from specsteer.models.export_hf import export_hf_folder
     from specsteer_companion.vllm_engine import VllmOptions, VllmScoring

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from ci import IN_CI, skip_or_fail
-from privacy_audit import assert_canary_not_sent
+from helpers.ci import IN_CI, skip_or_fail
+from helpers.privacy_audit import assert_canary_not_sent
 
 from specsteer import protocol
 from specsteer.client import Client
@@ -32,6 +32,8 @@ from specsteer_companion.cross.walk import walk
 from specsteer_companion.endpoint import CompanionEndpoint
 from specsteer_companion.local import LocalChannel
 from specsteer_companion.verifier import Verifier, VerifierSession
+
+pytestmark = pytest.mark.slow  # alignment tables of real tokenizers: not in ./dev test --fast
 
 TRICKY = [
     "Hello  world\n\nZürich 東京 😀 x=1234; naïve café — “quotes” ½ Ångström",

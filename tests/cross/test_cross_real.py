@@ -8,17 +8,14 @@ or Gemma-3-270M (262,144 tokens, a base model without a chat template) over text
 from __future__ import annotations
 
 import gc
-import os
 
 import numpy as np
 import pytest
-from ci import skip_or_fail
+from helpers.real_models import real_model
 
 from specsteer.client import Client
-from specsteer.errors import ModelError
 from specsteer.history import HistoryStore
-from specsteer.models.registry import compiled_dir, get_spec
-from specsteer.runtime import OnnxModel, load_model
+from specsteer.runtime import OnnxModel
 from specsteer.tokenizer import Message
 from specsteer_companion.cross import CrossVerifierSession, generalist_prompt
 from specsteer_companion.cross import alignment as al
@@ -33,27 +30,12 @@ REQUESTS = [
 ]
 
 
-def _model(name: str) -> OnnxModel:
-    """A registry model at int8, fetched and compiled on first use (cached)."""
-    if os.environ.get("SPECSTEER_SKIP_REAL"):
-        pytest.skip("SPECSTEER_SKIP_REAL is set")
-    from specsteer.models.compile import compile_model
-    from specsteer.models.fetch import fetch
-
-    try:
-        if not compiled_dir(get_spec(name), "int8").is_dir():
-            fetch(name)
-        return load_model(compile_model(name, "int8"))
-    except ModelError as exc:  # a model the builder cannot compile here: say which and why
-        skip_or_fail(f"{name} could not be fetched or compiled: {exc}")
-
-
 class _Capturing(Verifier):
     """Keeps the last session so the test can read its span statistics."""
 
     last: CrossVerifierSession | None = None
 
-    def open(self, request, committed=(), *, owner=""):  # type: ignore[override]
+    def open(self, request, committed=(), owner=""):  # type: ignore[override]
         session = super().open(request, committed, owner=owner)
         if isinstance(session, CrossVerifierSession):
             type(self).last = session
@@ -62,7 +44,7 @@ class _Capturing(Verifier):
 
 @pytest.fixture(scope="module")
 def smollm() -> OnnxModel:
-    return _model("smollm2-135m")
+    return real_model("smollm2-135m")
 
 
 @pytest.fixture(scope="module")
@@ -96,7 +78,7 @@ def _generate_and_check(smollm: OnnxModel, generalist: OnnxModel, store: History
 
 
 def test_smollm_drafts_for_qwen_15b(smollm, store):
-    qwen = _model("qwen2.5-1.5b")
+    qwen = real_model("qwen2.5-1.5b")
     try:
         results = _generate_and_check(smollm, qwen, store, min_acceptance=0.3)
         # the prompt Qwen reads is its own ChatML rendering of the public request
@@ -111,7 +93,7 @@ def test_smollm_drafts_for_qwen_15b(smollm, store):
 
 
 def test_smollm_drafts_for_gemma3_270m(smollm, store):
-    gemma = _model("gemma3-270m")
+    gemma = real_model("gemma3-270m")
     try:
         _generate_and_check(smollm, gemma, store, min_acceptance=0.1)
     finally:
@@ -121,7 +103,7 @@ def test_smollm_drafts_for_gemma3_270m(smollm, store):
 
 def test_short_sessions_work_on_a_sliding_window_model():
     """Gemma-3's local layers need a KV cache of at least their window (512 tokens)."""
-    gemma = _model("gemma3-270m")
+    gemma = real_model("gemma3-270m")
     try:
         assert gemma.info.sliding_window == 512
         session = gemma.new_session(max_length=16)
@@ -146,7 +128,7 @@ def test_identical_models_accept_almost_everything_through_the_text_path(smollm)
     """
 
     class Forced(Verifier):
-        def open(self, request, committed=()):  # type: ignore[override]
+        def open(self, request, committed=(), owner=""):  # type: ignore[override]
             return CrossVerifierSession(self, request, committed=committed)
 
     client = Client(smollm, history=None,

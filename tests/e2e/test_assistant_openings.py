@@ -6,12 +6,15 @@ tokens the method writes anyway, so the ban shows as a changed third token)."""
 from __future__ import annotations
 
 import pytest
-from budget_mail import REQUEST, budget_history
-from declared import WithTokenizer, Writes
+from helpers.budget_mail import REQUEST, budget_history
+from helpers.declared import WithTokenizer, Writes
 
 from specsteer.client import Client
 from specsteer_companion.local import LocalChannel
 from specsteer_companion.verifier import Verifier
+
+# many tiny-model generations: not in ./dev test --fast
+pytestmark = pytest.mark.slow
 
 NEVER = "I hope this post finds"  # not in the budget mails
 THEIRS = "Dear team"  # how every budget mail opens

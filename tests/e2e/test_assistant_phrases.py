@@ -7,12 +7,15 @@ what the method writes anyway, so the ban shows as a changed sixth token)."""
 from __future__ import annotations
 
 import pytest
-from budget_mail import REQUEST, budget_history
-from declared import WithTokenizer, Writes
+from helpers.budget_mail import REQUEST, budget_history
+from helpers.declared import WithTokenizer, Writes
 
 from specsteer.client import Client
 from specsteer_companion.local import LocalChannel
 from specsteer_companion.verifier import Verifier
+
+# many tiny-model generations: not in ./dev test --fast
+pytestmark = pytest.mark.slow
 
 NEVER = "feel free to ask"  # not in the budget mails
 THEIRS = "the budget for quarter"  # in every budget mail

@@ -17,6 +17,9 @@ from specsteer_companion.process import start_companion
 from specsteer_companion.server import CompanionServer, ServerConfig
 from specsteer_companion.verifier import Verifier
 
+# a batching companion process and concurrent devices: not in ./dev test --fast
+pytestmark = pytest.mark.slow
+
 QUERIES = ["Budget for the next quarter", "Meeting notes and the revised draft"]
 REMOTE_METHODS = [m for m in METHODS if m not in LOCAL_METHODS]
 CASES = [(query, method) for method in REMOTE_METHODS for query in QUERIES]

@@ -7,8 +7,8 @@ import time
 from dataclasses import dataclass, field
 
 import pytest
-from closing import closed_in_time
-from counting import CountingModel
+from helpers.closing import closed_in_time
+from helpers.counting import CountingModel
 
 from specsteer.client import Client
 from specsteer.device import DecodeStats, DevicePrompt, Params
@@ -47,16 +47,16 @@ def test_cancel_between_tokens_ends_the_stream_and_closes_the_session(
 ):
     channels = _Channels(Verifier(tiny_generalist, tiny_model))
     client = Client(tiny_model, history=store, companion=channels)
-    cancel, out, pieces = threading.Event(), [], []
-    for piece in client.stream("Budget", max_new_tokens=40, method=method, cancel=cancel,
-                               result=out):
+    cancel, pieces = threading.Event(), []
+    stream = client.stream("Budget", max_new_tokens=40, method=method, cancel=cancel)
+    for piece in stream:
         pieces.append(piece)
-        if len(out) == 0 and len(pieces) == 3:
+        if len(pieces) == 3:
             cancel.set()
-    stats = out[0].stats
+    result = stream.result
     # the stream ended at once: the tokens are the pieces' plus at most a held partial character
-    assert stats.cancelled and out[0].text.startswith("".join(p.text for p in pieces))
-    assert len(out[0].tokens) < 8
+    assert result.stats.cancelled and result.text.startswith("".join(p.text for p in pieces))
+    assert len(result.tokens) < 8
     assert all(closed_in_time(c) for c in channels.made)  # no companion session is left open
 
 
@@ -210,8 +210,8 @@ class _SlowVerifier(Verifier):
     verifying: threading.Event = field(default_factory=threading.Event)
     release: threading.Event = field(default_factory=threading.Event)
 
-    def open(self, request, committed=()):
-        session = super().open(request, committed)
+    def open(self, request, committed=(), owner=""):
+        session = super().open(request, committed, owner=owner)
         verify = session.verify
 
         def slow(*args, **kwargs):

@@ -108,11 +108,12 @@ def test_client_arguments_are_checked_and_named(tiny_model) -> None:
 def test_decoding_options_name_the_field_and_the_value(tiny_model) -> None:
     """max_new_tokens=0 is refused (as the bridge does) instead of returning nothing."""
     client = Client(tiny_model)
-    for name, value, says in (("max_new_tokens", 0, "max_new_tokens must be >= 1, not 0"),
-                              ("max_new_tokens", -1, "max_new_tokens must be >= 1, not -1"),
-                              ("top_k", 0, "top_k must be >= 1, not 0"),
-                              ("k", -2, "k must be >= 0, not -2"),
-                              ("gamma", float("nan"), "gamma must be >= 0, not nan"),
+    for name, value, says in (("max_new_tokens", 0, "max_new_tokens must be in [1, 8192], not 0"),
+                              ("max_new_tokens", -1, "max_new_tokens must be in [1, 8192], "
+                                                     "not -1"),
+                              ("top_k", 0, "top_k must be in [1, 65535], not 0"),
+                              ("k", -2, "k must be in [1, 64], not -2"),
+                              ("gamma", float("nan"), "gamma must be a number, not nan"),
                               ("no_repeat_ngram", 1, "no_repeat_ngram must be 0 (off) or at "
                                                      "least 2, not 1")):
         with pytest.raises(ValueError) as refused:

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from declared import StopsAt, WithTokenizer
-from privacy_audit import assert_canary_not_sent
+from helpers.declared import StopsAt, WithTokenizer
+from helpers.privacy_audit import assert_canary_not_sent
 
 from specsteer import protocol
 from specsteer.client import Client
@@ -15,6 +15,9 @@ from specsteer.history import HistoryStore, continuation_prefix, retrieve
 from specsteer.runtime.track import common_prefix
 from specsteer_companion.local import LocalChannel
 from specsteer_companion.verifier import Verifier
+
+# many tiny-model generations: not in ./dev test --fast
+pytestmark = pytest.mark.slow
 
 TITLE = "Bulb planting day"
 CANARY = "ZQX-CANARY-4417-larkspur"  # in the history: private

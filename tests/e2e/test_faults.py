@@ -38,6 +38,8 @@ from specsteer.transport import WebSocketChannel
 from specsteer_companion.endpoint import CompanionEndpoint
 from specsteer_companion.verifier import Verifier
 
+pytestmark = pytest.mark.slow  # companion processes killed and restarted: not in ./dev test --fast
+
 SEED = int(os.environ.get("SPECSTEER_FAULT_SEED", "11"))
 GENERATIONS = 80
 QUERIES = ["Budget for the next quarter", "Meeting notes", "Revised draft of the report"]

@@ -28,9 +28,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import pytest
+from helpers.wire_bytes import varint
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
-from wire_bytes import varint
 
 from specsteer import protocol
 from specsteer.client import Client
@@ -63,7 +63,9 @@ KNOWN_CODES = frozenset(int(code) for code in ErrorCode)
 CONTEXT = 2048  # the tiny models' window: longer prompts are valid frames the companion refuses
 # Hostile but valid settings (temperature 1e-30, alpha 1e30) push log-probabilities past float16;
 # they saturate to +-inf on the wire by design, and numpy says so in a warning.
-pytestmark = pytest.mark.filterwarnings("ignore:overflow encountered in cast:RuntimeWarning")
+# a live companion under a fuzzer: not in ./dev test --fast
+pytestmark = [pytest.mark.filterwarnings("ignore:overflow encountered in cast:RuntimeWarning"),
+              pytest.mark.slow]
 CASES = [  # the honest device: all three session modes
     ("Budget for the next quarter", {"method": "specsteer"}),
     ("Meeting notes", {"method": "speculative"}),

@@ -24,6 +24,9 @@ from specsteer.link import CompanionLink
 from specsteer_companion.local import LocalChannel
 from specsteer_companion.verifier import Verifier
 
+# many tiny-model generations: not in ./dev test --fast
+pytestmark = pytest.mark.slow
+
 SUBJECT = "Budget for the next quarter"
 N = 4
 

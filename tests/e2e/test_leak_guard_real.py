@@ -11,7 +11,7 @@ run of this test found `redact` sending " @quillfeather" and "+442079 4 0958": t
 turned away from the copy, respelled it. With windows longer than the whole
 message (`leak_guard_n=64`) only the pattern detector is left to stop the address and the
 number: they still never go up.
-Never skipped in CI (`_compiled` fails there when a model is missing).
+Never skipped in CI (`helpers.real_models` fails there when a model is missing).
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from __future__ import annotations
 import re
 
 import pytest
-from privacy_audit import copied_ids_sent, private_windows, text_sent
-from test_real_pair import _compiled
+from helpers.privacy_audit import copied_ids_sent, private_windows, text_sent
+from helpers.real_models import real_model
 
 from specsteer.client import Client
 from specsteer.history import HistoryStore
@@ -45,8 +45,8 @@ N = 8
 
 @pytest.fixture(scope="module")
 def pair():
-    """The compiled pair (a missing model fails in CI, as in test_real_pair)."""
-    return _compiled("qwen2.5-0.5b"), _compiled("qwen2.5-1.5b")
+    """The compiled pair (a missing model fails in CI, helpers.real_models)."""
+    return real_model("qwen2.5-0.5b"), real_model("qwen2.5-1.5b")
 
 
 def _generate(pair, policy: str | None, n: int = N):

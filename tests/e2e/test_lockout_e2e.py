@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from manual_clock import ManualClock
+from helpers.manual_clock import ManualClock
 from websockets.sync.client import connect
 
 from specsteer import protocol
@@ -36,6 +36,9 @@ from specsteer_companion.process import start_companion
 from specsteer_companion.server import THROTTLE, CompanionServer, ServerConfig
 from specsteer_companion.tls import client_ssl_context, make_self_signed, server_ssl_context
 from specsteer_companion.verifier import Verifier
+
+# companion processes and request-rate timing: not in ./dev test --fast
+pytestmark = pytest.mark.slow
 
 SESSION = protocol.SessionSettings(top_k=8)
 

@@ -13,12 +13,15 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 import pytest
-from declared import StopsAt, WithTokenizer, Writes
+from helpers.declared import StopsAt, WithTokenizer, Writes
 
 from specsteer.device import METHODS, DecodeStats, DevicePrompt, Params, decode
 from specsteer.link import CompanionLink
 from specsteer_companion.local import LocalChannel
 from specsteer_companion.verifier import Verifier
+
+# many tiny-model generations: not in ./dev test --fast
+pytestmark = pytest.mark.slow
 
 PRIVATE = "Earlier notes: the budget stays flat; revised draft by Friday.\nWrite a budget note."
 PUBLIC = "Write a budget note."
@@ -69,7 +72,7 @@ def test_an_end_the_deciding_model_is_sure_of_is_let_through(tiny_model, tiny_ge
     def under(release: float) -> list[int]:
         return _run(stopping, tiny_generalist, Params(
             method=method, max_new_tokens=30, min_new_tokens=20, end_release=release,
-            end_release_after=0, pipeline=pipeline))
+            end_release_from=0, pipeline=pipeline))
 
     assert under(1e-9) == free[:3]
     assert len(under(1.0)) >= 20
@@ -91,25 +94,6 @@ def test_an_end_before_half_the_minimum_is_held_however_sure(tiny_model, tiny_ge
     assert under(4) == free[:3]
     held = under(20)
     assert stop not in held[:10] and len(held) > 10
-
-
-def test_the_release_threshold_is_the_deciding_row_s_end_probability():
-    from specsteer.device.drafting import bans
-
-    eos = frozenset({0})
-    row = np.log(np.array([0.6, 0.3, 0.1]))  # end-of-text at 0.6
-    params = Params(min_new_tokens=5)  # the default threshold, 0.5
-    assert bans(params, eos, 4, [], row) == frozenset()  # sure enough: let through
-    assert bans(replace(params, end_release=0.6), eos, 4, [], row) == eos  # not above it
-    assert bans(params, eos, 4, [], np.log(np.array([0.4, 0.5, 0.1]))) == eos
-    assert bans(params, eos, 5, [], np.log(np.array([0.0001, 0.9, 0.0999]))) == frozenset()
-    assert params.release_after == 3  # half the minimum, rounded up
-    assert bans(params, eos, 2, [], row) == eos  # before it: held, however sure
-    assert bans(replace(params, end_release_after=0), eos, 2, [], row) == frozenset()
-    with pytest.raises(ValueError, match="end_release"):
-        Params(end_release=0.0)
-    with pytest.raises(ValueError, match="end_release_after"):
-        Params(end_release_after=-1)
 
 
 def test_minimum_zero_changes_nothing(tiny_model, tiny_generalist):

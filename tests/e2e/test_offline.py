@@ -5,8 +5,8 @@ from __future__ import annotations
 import time
 
 import pytest
-from dying_channel import DyingChannel
-from privacy_audit import assert_canary_not_sent
+from helpers.dying_channel import DyingChannel
+from helpers.privacy_audit import assert_canary_not_sent
 
 from specsteer import protocol
 from specsteer.client import Client
@@ -16,6 +16,9 @@ from specsteer.history import HistoryStore
 from specsteer_companion.endpoint import CompanionEndpoint
 from specsteer_companion.local import LocalChannel
 from specsteer_companion.verifier import Verifier
+
+# many tiny-model generations: not in ./dev test --fast
+pytestmark = pytest.mark.slow
 
 # The tiny random model ends its text wherever its weights say: with this wording (and the task
 # prompt of history/prompts.py) it writes past the reconnect instead of stopping right there.

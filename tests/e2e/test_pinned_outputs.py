@@ -9,10 +9,10 @@ settings or the candidate selection that alters a single token or provenance fai
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
+from helpers.real_models import real_model
 
 from specsteer.device import DevicePrompt, Params, decode
 from specsteer.link import CompanionLink
@@ -55,6 +55,7 @@ def cross_generalist():
     return load_model(tiny_model_dir("llama", seed=1, vocab=384))
 
 
+@pytest.mark.slow  # the fast lane keeps the same-tokenizer pins; these run in the full suite
 @pytest.mark.parametrize("case", PINS["cross"], ids=lambda c: json.dumps(c["params"]))
 def test_cross_tokenizer_outputs_are_unchanged(tiny_model, cross_generalist, case):
     tokens, provenance = _generate(tiny_model, cross_generalist, case["params"],
@@ -65,16 +66,7 @@ def test_cross_tokenizer_outputs_are_unchanged(tiny_model, cross_generalist, cas
 
 @pytest.fixture(scope="module")
 def qwen_pair():
-    from specsteer.models.compile import compile_model
-    from specsteer.models.fetch import fetch
-
-    if os.environ.get("SPECSTEER_SKIP_REAL"):
-        pytest.skip("SPECSTEER_SKIP_REAL is set")
-    models = []
-    for name in ("qwen2.5-0.5b", "qwen2.5-1.5b"):
-        fetch(name)
-        models.append(load_model(compile_model(name, "int8")))
-    return models
+    return real_model("qwen2.5-0.5b"), real_model("qwen2.5-1.5b")
 
 
 @pytest.mark.real_model

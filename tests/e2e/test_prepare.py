@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import pytest
-from budget_mail import CHANGED, REQUEST, budget_history
-from counting import CountingModel
+from helpers.budget_mail import CHANGED, REQUEST, budget_history
+from helpers.counting import CountingModel
 
 from specsteer.client import Client
 from specsteer.history import HistoryStore
 from specsteer.runtime.track import common_prefix
 from specsteer_companion.local import LocalChannel
 from specsteer_companion.verifier import Verifier
+
+# many tiny-model generations: not in ./dev test --fast
+pytestmark = pytest.mark.slow
 
 
 @pytest.fixture()

@@ -6,12 +6,14 @@ import threading
 import time
 
 import pytest
-from budget_mail import CHANGED, REQUEST, budget_history
-from closing import closed_in_time
+from helpers.budget_mail import CHANGED, REQUEST, budget_history
+from helpers.closing import closed_in_time
+from helpers.declared import StopsAt
 
 from specsteer.client import Client
 from specsteer.device import Params
 from specsteer.device.rounds import first_draft
+from specsteer.device.rules import make_rules
 from specsteer.errors import CompanionUnavailable
 from specsteer.history import HistoryStore
 from specsteer.protocol import Limits, Mode, OpenSession, decode
@@ -19,6 +21,9 @@ from specsteer.runtime.track import Track
 from specsteer_companion.local import LocalChannel
 from specsteer_companion.server import CompanionServer
 from specsteer_companion.verifier import Verifier
+
+# many tiny-model generations: not in ./dev test --fast
+pytestmark = pytest.mark.slow
 
 
 @pytest.fixture()
@@ -194,7 +199,7 @@ def test_other_draft_settings_draft_again(tiny_model, tiny_generalist, store, ch
     options = {"seed": 5, "k": 3, **change}  # the prepare's settings but for `change`
     cold = _cold(tiny_model, tiny_generalist, store, REQUEST, **options)
     client = _client(tiny_model, _Channels(Verifier(tiny_generalist, tiny_model)), store)
-    assert client.prepare(REQUEST, k=3).wait(timeout=60)
+    assert client.prepare(REQUEST, seed=5, k=3).wait(timeout=60)
     result = client.generate(REQUEST, max_new_tokens=30, **options)
     assert result.tokens == cold.tokens and result.stats.drafted_ahead == 0
 
@@ -218,12 +223,18 @@ def test_a_draft_made_ahead_is_dropped_when_the_companion_is_gone(
 def test_the_draft_made_ahead_keeps_the_rounds_bans(tiny_model):
     """What `SteeredRounds` bans in its first draft, `first_draft` bans too: here end-of-text
     (the model's own first pick, declared end-of-text) before the minimum length."""
-    prompt = tiny_model.tokenizer.encode("Dear team, the budget stays as it is. " * 6)
-    free = first_draft(Track(tiny_model, prompt, 600), Params(k=4), frozenset())
-    eos = frozenset({free.tokens[0]})
-    early = first_draft(Track(tiny_model, prompt, 600), Params(k=4, min_new_tokens=2), eos)
-    late = first_draft(Track(tiny_model, prompt, 600), Params(k=4, min_new_tokens=0), eos)
-    assert early.tokens[0] != free.tokens[0] and late.tokens == free.tokens[:1]
+    tok = tiny_model.tokenizer
+    prompt = tok.encode("Dear team, the budget stays as it is. " * 6)
+
+    def drafted(params: Params, tokenizer) -> list[int]:
+        rules = make_rules(params, tokenizer)
+        return first_draft(Track(tiny_model, prompt, 600), params, rules).tokens
+
+    free = drafted(Params(k=4), tok)
+    stops = StopsAt(tok, free[0])  # the model's own first pick, declared end-of-text
+    early = drafted(Params(k=4, min_new_tokens=2), stops)
+    late = drafted(Params(k=4, min_new_tokens=0), stops)
+    assert early[0] != free[0] and late == free[:1]
 
 
 def test_prepare_without_a_session_sends_nothing_until_the_generation(tiny_model, tiny_generalist,

@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from privacy_audit import assert_canary_not_sent, check_logp_s0
+from helpers.privacy_audit import assert_canary_not_sent, check_logp_s0
 
 from specsteer import protocol
 from specsteer.client import Client
@@ -21,6 +21,9 @@ from specsteer.history import HistoryStore
 from specsteer.runtime.base import LanguageModel
 from specsteer_companion.local import LocalChannel
 from specsteer_companion.verifier import Verifier
+
+# many tiny-model generations: not in ./dev test --fast
+pytestmark = pytest.mark.slow
 
 CANARY = "ZQX-CANARY-7731-plover"
 SUBJECT = "Budget for the next quarter"

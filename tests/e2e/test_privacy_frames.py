@@ -19,8 +19,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 import pytest
-from dying_channel import DyingChannel
-from privacy_audit import assert_canary_not_sent, public_uplink
+from helpers.dying_channel import DyingChannel
+from helpers.privacy_audit import assert_canary_not_sent, public_uplink
 
 from specsteer import protocol
 from specsteer.client import Client

@@ -6,15 +6,14 @@ comes from the shared newsgroups data when present, else from the repository's s
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
-from privacy_audit import assert_canary_not_sent, skip_or_fail
+from helpers.privacy_audit import assert_canary_not_sent
+from helpers.real_models import real_model
 
 from specsteer.client import Client
 from specsteer.history import HistoryStore, load_shared_user
-from specsteer.runtime import load_model
 from specsteer_companion.local import LocalChannel
 from specsteer_companion.server import CompanionServer
 from specsteer_companion.verifier import Verifier
@@ -25,19 +24,9 @@ CANARY = "XKQ-CANARY-0917-bittern"
 REPO_SLICE = Path(__file__).resolve().parents[1] / "lab" / "data" / "newsgroups_slice.json"
 
 
-def _compiled(name: str):
-    from specsteer.models.compile import compile_model
-    from specsteer.models.fetch import fetch
-
-    if os.environ.get("SPECSTEER_SKIP_REAL"):
-        skip_or_fail("SPECSTEER_SKIP_REAL is set")
-    fetch(name)
-    return load_model(compile_model(name, "int8"))
-
-
 @pytest.fixture(scope="module")
 def pair():
-    return _compiled("qwen2.5-0.5b"), _compiled("qwen2.5-1.5b")
+    return real_model("qwen2.5-0.5b"), real_model("qwen2.5-1.5b")
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,7 @@ import contextlib
 import json
 
 import pytest
-from dying_channel import DyingChannel
+from helpers.dying_channel import DyingChannel
 from test_pinned_outputs import PINS
 
 from specsteer import protocol
@@ -26,6 +26,9 @@ from specsteer_companion.endpoint import CompanionEndpoint
 from specsteer_companion.local import LocalChannel
 from specsteer_companion.server import CompanionServer, ServerConfig
 from specsteer_companion.verifier import Verifier
+
+# many tiny-model generations: not in ./dev test --fast
+pytestmark = pytest.mark.slow
 
 GREEDY = [c for c in PINS["cases"] if not c["params"].get("temperature") and c["params"]["method"]
           not in ("slm", "slm_rag")]

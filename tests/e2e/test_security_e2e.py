@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 
 import pytest
-from privacy_audit import assert_canary_not_sent
+from helpers.privacy_audit import assert_canary_not_sent
 
 from specsteer import protocol
 from specsteer.client import Client
@@ -16,6 +16,9 @@ from specsteer_companion.auth import TokenStore
 from specsteer_companion.server import CompanionServer, ServerConfig
 from specsteer_companion.tls import client_ssl_context, make_self_signed, server_ssl_context
 from specsteer_companion.verifier import Verifier
+
+# many tiny-model generations: not in ./dev test --fast
+pytestmark = pytest.mark.slow
 
 CANARY = "QWV-CANARY-5520-heron"
 

@@ -20,6 +20,8 @@ from specsteer_companion.auth import TokenStore
 from specsteer_companion.process import start_companion
 from specsteer_companion.tls import client_ssl_context, make_self_signed
 
+pytestmark = pytest.mark.slow  # companion processes: not in ./dev test --fast
+
 G = str(tiny_model_dir("llama", seed=1))
 S = str(tiny_model_dir("llama", seed=0))
 

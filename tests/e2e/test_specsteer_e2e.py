@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from dying_channel import DyingChannel
-from privacy_audit import assert_canary_not_sent
+from helpers.dying_channel import DyingChannel
+from helpers.privacy_audit import assert_canary_not_sent
 
 from specsteer import protocol
 from specsteer.client import Client
@@ -16,6 +16,9 @@ from specsteer_companion.endpoint import CompanionEndpoint
 from specsteer_companion.local import LocalChannel
 from specsteer_companion.server import CompanionServer
 from specsteer_companion.verifier import Verifier
+
+# many tiny-model generations: not in ./dev test --fast
+pytestmark = pytest.mark.slow
 
 CANARY = "ZQX-CANARY-7731-plover"
 SUBJECT = "Budget for the next quarter"

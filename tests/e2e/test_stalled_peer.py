@@ -27,6 +27,8 @@ from specsteer.errors import CompanionTimedOut, CompanionUnavailable
 from specsteer.transport import WebSocketChannel
 from specsteer_companion.tls import client_ssl_context, make_self_signed, server_ssl_context
 
+pytestmark = pytest.mark.slow  # sockets and timeouts: not in ./dev test --fast
+
 OPEN_TIMEOUT_S = 0.5
 MARGIN_S = 1.0  # loopback on a loaded 2-core machine
 T = TypeVar("T")

@@ -10,6 +10,9 @@ from specsteer.client import Client
 from specsteer.history import HistoryStore
 from specsteer.history.prompts import get_task
 
+# many tiny-model generations: not in ./dev test --fast
+pytestmark = pytest.mark.slow
+
 QUERIES = {"abstract": "Sparse verification for private decoding", "email": "Budget for Q3",
            "tweet": "I enjoy Miley, but everyone has their own taste, right?"}
 

@@ -22,6 +22,8 @@ from websockets.asyncio.server import ServerConnection, serve
 from specsteer.transport import WebSocketChannel
 from specsteer_companion.tls import client_ssl_context, make_self_signed, server_ssl_context
 
+pytestmark = pytest.mark.slow  # TLS companions and many connections: not in ./dev test --fast
+
 TICKETS = 64  # per connection (OpenSSL's default is 2): the more, the longer the overlap
 CONNECTS = 300  # the old client failed each with p ~ 0.035-0.055: all 300 pass by chance < 1e-4
 OPEN_TIMEOUT_S = 1.0

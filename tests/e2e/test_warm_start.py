@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 
 import pytest
-from counting import CountingModel
+from helpers.counting import CountingModel
 
 from specsteer import protocol
 from specsteer.client import Client
@@ -17,6 +17,9 @@ from specsteer.runtime import load_model
 from specsteer.settings import METHODS
 from specsteer_companion.local import LocalChannel
 from specsteer_companion.verifier import Verifier
+
+# many tiny-model generations: not in ./dev test --fast
+pytestmark = pytest.mark.slow
 
 MAX_NEW = 40
 

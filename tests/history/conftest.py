@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from ci import skip_or_fail
+from helpers.ci import skip_or_fail
 
 import specsteer
 from specsteer.history import HistoryStore

@@ -18,6 +18,8 @@ import pytest
 from specsteer.errors import HistoryLocked
 from specsteer.history import HistoryStore
 
+pytestmark = pytest.mark.slow  # writer processes and SIGKILL: not in ./dev test --fast
+
 WRITER = """
 import sys
 from specsteer.history.store import HistoryStore

@@ -92,6 +92,7 @@ def test_the_next_open_finishes_a_pending_erase(tmp_path: Path) -> None:
     reader.close()
 
 
+@pytest.mark.slow  # CLI processes
 def test_cli_reports_a_pending_erase_with_its_own_exit_code(tmp_path: Path) -> None:
     path = tmp_path / "history.db"
     needles = _seed(path)

@@ -11,6 +11,8 @@ from typer.testing import CliRunner
 
 from specsteer.models.tiny import tiny_model_dir
 
+pytestmark = pytest.mark.slow  # whole evaluation runs: not in ./dev test --fast
+
 DATA = Path(__file__).parent / "data"
 
 
@@ -248,11 +250,15 @@ def test_lab_cli_has_eval_and_demo_with_their_options():
                    "--max-new-tokens", "--max-prompt-tokens", "--warm-start"):
         assert option in result.output
     # the demo writes in the sender's voice from the first token: no Generalist opening
-    # (docs/BENCHMARKS.md, issue 14 second pass)
-    import inspect
+    # (docs/BENCHMARKS.md, issue 14 second pass); the settings it decodes with are its own
+    # defaults under the flags given
+    from specsteer.cli.options import settings_from
+    from specsteer_lab.cli.demo import DEMO_DECODING
 
-    from specsteer_lab.cli.demo import demo_command
-    assert inspect.signature(demo_command).parameters["warm_start"].default is False
+    assert DEMO_DECODING.warm_start is False
+    assert settings_from({}, DEMO_DECODING) == DEMO_DECODING
+    assert settings_from({"warm_start": True, "preset": "fast"}, DEMO_DECODING) == \
+        DEMO_DECODING.updated(warm_start=True, gamma=0.1, top_k=32)
 
 
 def test_device_cli_has_neither_eval_nor_demo():

@@ -23,6 +23,9 @@ from specsteer_lab.eval.harness import (
 from specsteer_lab.eval.metrics import rouge
 from specsteer_lab.eval.report import plot_quality_vs_speed, render_report, summarize
 
+# every method through the harness on tiny models, many times: not in ./dev test --fast
+pytestmark = pytest.mark.slow
+
 DATA = Path(__file__).parent / "data"
 REVIEWS = DATA / "lamp_reviews.jsonl"
 NEWSGROUPS = DATA / "newsgroups_slice.json"
@@ -35,7 +38,7 @@ def reviews() -> list[data_lib.Example]:
 
 @pytest.fixture(scope="module")
 def harness(tiny_model, tiny_generalist) -> Harness:
-    return Harness(tiny_model, tiny_generalist, EvalConfig(task="review", max_new_tokens=6,
+    return Harness(tiny_model, tiny_generalist, EvalConfig.of("review", max_new_tokens=6,
                                                            retrieve_k=2))
 
 
@@ -150,7 +153,7 @@ def test_a_preset_method_decodes_with_the_presets_settings():
     preset = Params.preset("fast")
     assert (fast.label, fast.method, fast.gamma, fast.top_k) == (
         "specsteer:fast", "specsteer", preset.gamma, preset.top_k)
-    config = EvalConfig(task="tweet", top_k=64)
+    config = EvalConfig.of("tweet", top_k=64)
     assert config.params(fast).top_k == preset.top_k != 64
     assert config.params(parse_method("specsteer@0.1")).top_k == 64  # the run's own
     assert [s.label for s in parse_methods(["specsteer:fast", "specsteer@0.1"])] == [
@@ -160,15 +163,15 @@ def test_a_preset_method_decodes_with_the_presets_settings():
 def test_no_repeat_rule_reaches_every_method():
     from specsteer.settings import Params
 
-    assert EvalConfig(task="tweet").no_repeat_ngram == Params().no_repeat_ngram
-    assert EvalConfig(task="tweet").loop_ngram == Params().loop_ngram
-    assert EvalConfig(task="tweet").loop_end_ngram == Params().loop_end_ngram
-    config = EvalConfig(task="tweet", no_repeat_ngram=6, loop_ngram=3, loop_end_ngram=5)
+    assert EvalConfig.of("tweet").decoding.no_repeat_ngram == Params().no_repeat_ngram
+    assert EvalConfig.of("tweet").decoding.loop_ngram == Params().loop_ngram
+    assert EvalConfig.of("tweet").decoding.loop_end_ngram == Params().loop_end_ngram
+    config = EvalConfig.of("tweet", no_repeat_ngram=6, loop_ngram=3, loop_end_ngram=5)
     for name in ("slm_rag", "llm", "specsteer@0.5", "specsteer:fast"):
         params = config.params(parse_method(name))
         assert (params.no_repeat_ngram, params.loop_ngram, params.loop_end_ngram) == (6, 3, 5)
     with pytest.raises(EvalError, match="loop_end_ngram"):
-        EvalConfig(task="tweet", loop_end_ngram=1)
+        EvalConfig.of("tweet", loop_end_ngram=1)
 
 
 def test_end_release_and_meta_openings_reach_every_method():
@@ -176,10 +179,10 @@ def test_end_release_and_meta_openings_reach_every_method():
     from specsteer.settings import Params
     from specsteer_lab.eval.data import EvalError
 
-    default = EvalConfig(task="email")
-    old = EvalConfig(task="email", end_release=1.0, ban_meta_openings=False,
-                     ban_assistant_openings=False, ban_assistant_phrases=False)
-    meta_only = EvalConfig(task="email", ban_assistant_openings=False)
+    default = EvalConfig.of("email")
+    old = EvalConfig.of("email", end_release=1.0, meta_openings=(), assistant_openings=(),
+                        assistant_phrases=())
+    meta_only = EvalConfig.of("email", assistant_openings=())
     theirs = ["Here's the thing: I hope you're doing fine."]  # the user's retrieved texts
     for name in ("slm_rag", "llm", "specsteer@0.5", "specsteer:fast"):
         spec = parse_method(name)
@@ -194,7 +197,7 @@ def test_end_release_and_meta_openings_reach_every_method():
         assert "**" not in default.params(spec, None, ["a **bold** claim"]).banned_phrases
         assert old.params(spec).banned_phrases == ()
     with pytest.raises(EvalError, match="end_release"):  # before any model loads
-        EvalConfig(task="email", end_release=0.0)
+        EvalConfig.of("email", end_release=0.0)
 
 
 def test_the_release_floor_is_a_share_of_each_users_minimum():
@@ -205,13 +208,13 @@ def test_the_release_floor_is_a_share_of_each_users_minimum():
                           max_new_tokens=120)
     for name in ("slm_rag", "llm", "specsteer@0.5"):
         spec = parse_method(name)
-        assert EvalConfig(task="email").params(spec, length).release_after == 21  # ceil(20.5)
-        anywhere = EvalConfig(task="email", end_release_from=0.0)
+        assert EvalConfig.of("email").params(spec, length).release_after == 21  # ceil(20.5)
+        anywhere = EvalConfig.of("email", end_release_from=0.0)
         assert anywhere.params(spec, length).release_after == 0
-        assert EvalConfig(task="email", user_length=False).params(spec, length
+        assert EvalConfig.of("email", user_length=False).params(spec, length
                                                                   ).release_after == 0
     with pytest.raises(EvalError, match="end_release_from"):
-        EvalConfig(task="email", end_release_from=1.5)
+        EvalConfig.of("email", end_release_from=1.5)
 
 
 def test_the_budget_is_the_tasks_unless_given(tiny_model, tiny_generalist):
@@ -221,10 +224,10 @@ def test_the_budget_is_the_tasks_unless_given(tiny_model, tiny_generalist):
     from specsteer_lab.eval.harness import run_config
 
     for task in task_names():
-        assert EvalConfig(task=task).max_prompt_tokens == get_task(task).max_prompt_tokens
-        assert EvalConfig(task=task, max_prompt_tokens=200).max_prompt_tokens == 200
+        assert EvalConfig.of(task).max_prompt_tokens == get_task(task).max_prompt_tokens
+        assert EvalConfig.of(task, max_prompt_tokens=200).max_prompt_tokens == 200
     small = Harness(tiny_model, tiny_generalist,
-                    EvalConfig(task="review", retrieve_k=2, max_prompt_tokens=200))
+                    EvalConfig.of("review", retrieve_k=2, max_prompt_tokens=200))
     assert run_config(small, None)["max_prompt_tokens"] == 200
 
 
@@ -271,7 +274,7 @@ def test_every_method_runs_and_counts_the_wire(harness, reviews, tmp_path):
 def test_same_model_accepts_every_draft(tiny_model, reviews, tmp_path):
     # Specialist == Generalist and no private context: P_G == P_S0 == P_Sc, so the greedy
     # drafts are the Generalist's argmax (speculative) and pass the ratio test at gamma < 1.
-    same = Harness(tiny_model, tiny_model, EvalConfig(task="review", max_new_tokens=9,
+    same = Harness(tiny_model, tiny_model, EvalConfig.of("review", max_new_tokens=9,
                                                        retrieve_k=0))
     rows = {r["method"]: r for r in run_eval(same, reviews[:1],
                                              parse_methods(["speculative", "specsteer@0.5",
@@ -303,7 +306,7 @@ def test_resume_skips_rows_already_written(harness, reviews, tmp_path):
 
 def test_emulated_rtt_is_paid_per_companion_reply(tiny_model, tiny_generalist, reviews,
                                                   tmp_path):
-    rtt = Harness(tiny_model, tiny_generalist, EvalConfig(task="review", max_new_tokens=4,
+    rtt = Harness(tiny_model, tiny_generalist, EvalConfig.of("review", max_new_tokens=4,
                                                           retrieve_k=1, rtt_ms=25))
     started = time.perf_counter()
     (row,) = run_eval(rtt, reviews[:1], parse_methods(["llm"]), tmp_path / "r.jsonl")
@@ -355,7 +358,7 @@ def test_pipelining_changes_no_output(tiny_model, tiny_generalist, reviews, tmp_
     specs = parse_methods(["speculative", "specsteer@0.5"])
     texts = []
     for pipeline in (False, True):
-        config = EvalConfig(task="review", max_new_tokens=10, retrieve_k=2, pipeline=pipeline)
+        config = EvalConfig.of("review", max_new_tokens=10, retrieve_k=2, pipeline=pipeline)
         rows = run_eval(Harness(tiny_model, tiny_generalist, config), reviews[:1], specs,
                         tmp_path / f"{pipeline}.jsonl")
         texts.append([(r["text"], r["acceptance"]) for r in rows])
@@ -366,7 +369,7 @@ def test_pipelining_changes_no_output(tiny_model, tiny_generalist, reviews, tmp_
 
 def test_every_method_gets_the_users_length_bounds(tiny_model, tiny_generalist, reviews,
                                                    tmp_path):
-    config = EvalConfig(task="review", max_new_tokens=40, retrieve_k=2)
+    config = EvalConfig.of("review", max_new_tokens=40, retrieve_k=2)
     harness = Harness(tiny_model, tiny_generalist, config)
     prepared = harness.prepare(reviews[0])
     assert prepared.length is not None
@@ -386,7 +389,7 @@ def test_every_method_gets_the_users_length_bounds(tiny_model, tiny_generalist, 
         words = len(row["text"].split())
         assert row["length_ratio"] == pytest.approx(words / row["user_median_words"])
         assert row["style_margin"] == pytest.approx(row["style_own"] - row["style_others"])
-    off = EvalConfig(task="review", max_new_tokens=40, retrieve_k=2, user_length=False)
+    off = EvalConfig.of("review", max_new_tokens=40, retrieve_k=2, user_length=False)
     assert off.params(parse_method("llm"), prepared.length).min_new_tokens == 0
     assert off.params(parse_method("llm"), prepared.length).max_new_tokens == 40
 

@@ -71,17 +71,14 @@ def test_the_demo_letter_ends_at_its_sign_off(monkeypatch: pytest.MonkeyPatch,
     # used to pad the finished letter by repeating its sign-off ("Wren and the garden team.
     # \n\nDairy barn, Wren and the garden team."); an end the Specialist is sure of now stands
     # (Params.end_release)
-    import sys
+    from helpers.real_models import real_model
 
     from specsteer.client import Client
     from specsteer.runtime import load_device_model
     from specsteer_companion.local import LocalChannel
     from specsteer_companion.verifier import Verifier
 
-    sys.path.insert(0, str(Path(__file__).parents[1] / "e2e"))
-    from test_real_pair import _compiled
-
-    specialist, generalist = _compiled("qwen2.5-0.5b"), _compiled("qwen2.5-1.5b")
+    specialist, generalist = real_model("qwen2.5-0.5b"), real_model("qwen2.5-1.5b")
     monkeypatch.setenv("SPECSTEER_HOME", str(tmp_path / "home"))  # the persona's store
     verifier = Verifier(generalist, specialist)
     client = Client(load_device_model(specialist.folder), history=demo.persona_store(),

@@ -168,7 +168,7 @@ def test_an_added_pair_serves_by_name_in_the_companion_client_and_bridge(home, t
     from specsteer_companion.process import start_companion
 
     sys.path.insert(0, str(REPO / "tests" / "bridge"))
-    from bridge_process import BridgeProcess
+    from helpers.bridge_process import BridgeProcess
 
     add_model(tiny_hf_folder("qwen3", seed=0), name="my-small")
     generalist = add_model(tiny_hf_folder("qwen3", seed=1), name="my-large")
@@ -222,7 +222,7 @@ def test_a_gguf_file_is_added_by_path_as_the_users_own(tmp_path, monkeypatch):
     under a name of its own, into a fresh cache: its chat template is the file's, rendered as
     transformers renders it from the file, its tokenizer the registry build's, and it
     generates by name."""
-    from conftest import real_model
+    from helpers.real_models import real_model
     from transformers import AutoTokenizer
 
     registered = real_model("smollm2-135m")  # the registry's, in the cache in use

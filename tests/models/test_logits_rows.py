@@ -115,8 +115,10 @@ def test_an_older_folder_is_upgraded_in_place(tmp_path):
     after = read_manifest(folder)
     check_files(folder, after, full_hash=True)
     assert after["artifact_sha256"] != before["artifact_sha256"]
-    assert {k: v for k, v in after.items() if k not in ("files", "artifact_sha256")} == \
-        {k: v for k, v in before.items() if k not in ("files", "artifact_sha256")}
+    assert "prefill_macs_per_token" not in before and after["prefill_macs_per_token"] > 0
+    upgraded = ("files", "artifact_sha256", "prefill_macs_per_token")
+    assert {k: v for k, v in after.items() if k not in upgraded} == \
+        {k: v for k, v in before.items() if k not in upgraded}
     new = load_device_model(folder, threads=1)
     assert new.keeps_rows
     np.testing.assert_array_equal(new.new_session().append(ids, rows=1)[0], expected[-1])

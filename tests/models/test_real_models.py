@@ -8,17 +8,15 @@ before the next, so the file never holds more than one of them in memory.
 from __future__ import annotations
 
 import gc
-import os
-from functools import cache
-from pathlib import Path
 
 import numpy as np
 import pytest
-from ci import skip_or_fail
+from helpers.ci import skip_or_fail
+from helpers.real_models import real_folder, real_model
 
 from specsteer.models.manifest import read_manifest
-from specsteer.models.registry import compiled_dir, get_spec, gguf_path
-from specsteer.runtime import OnnxModel, load_model
+from specsteer.models.registry import get_spec, gguf_path
+from specsteer.runtime import OnnxModel
 from specsteer.tokenizer import Message, Tokenizer
 
 pytestmark = pytest.mark.real_model
@@ -28,23 +26,6 @@ TIDES = [
     Message("system", "You are a helpful assistant."),
     Message("user", "Explain in two sentences why the sea has tides."),
 ]
-
-
-@cache
-def real_folder(name: str, precision: str) -> Path:
-    """The compiled folder of a registry model, fetching and compiling it on first use."""
-    if os.environ.get("SPECSTEER_SKIP_REAL"):
-        pytest.skip("SPECSTEER_SKIP_REAL is set")
-    from specsteer.models.compile import compile_model
-    from specsteer.models.fetch import fetch
-
-    if not compiled_dir(get_spec(name), precision).is_dir():
-        fetch(name)  # compile_model verifies the GGUF hash again before building
-    return compile_model(name, precision)
-
-
-def real_model(name: str, precision: str) -> OnnxModel:
-    return load_model(real_folder(name, precision))
 
 
 def greedy(model: OnnxModel, ids: list[int], n: int, *, stop: bool = False) -> list[int]:

@@ -10,8 +10,8 @@ import time
 
 import numpy as np
 import pytest
-from ci import skip_or_fail
-from session_checks import check_session_errors
+from helpers.ci import skip_or_fail
+from helpers.session_checks import check_session_errors
 
 from specsteer.client import Client
 from specsteer.device.warm import BackgroundPrefill

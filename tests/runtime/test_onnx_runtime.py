@@ -7,7 +7,7 @@ import shutil
 
 import numpy as np
 import pytest
-from session_checks import check_session_errors
+from helpers.session_checks import check_session_errors
 
 from specsteer.errors import CorruptModelError, ModelNotCompiled, TokenizerMissing
 from specsteer.runtime import load_model
@@ -70,6 +70,7 @@ def test_session_errors(tiny_model):
     check_session_errors(tiny_model)
 
 
+@pytest.mark.slow  # torch and transformers build the reference
 def test_greedy_matches_transformers_reference(tmp_path, tiny_model):
     """ORT fp32 greedy tokens == transformers on the same weights, 32 tokens."""
     torch = pytest.importorskip("torch")

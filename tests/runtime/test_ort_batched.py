@@ -10,8 +10,8 @@ import os
 
 import numpy as np
 import pytest
-from ci import skip_or_fail
-from session_checks import check_session_errors
+from helpers.ci import skip_or_fail
+from helpers.session_checks import check_session_errors
 
 from specsteer.errors import SessionError
 from specsteer.runtime import load_model

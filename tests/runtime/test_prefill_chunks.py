@@ -7,7 +7,7 @@ import threading
 
 import numpy as np
 import pytest
-from counting import CountingSession
+from helpers.counting import CountingSession
 
 from specsteer.errors import GenerationCancelled
 from specsteer.models.tiny import tiny_model_dir

@@ -9,12 +9,15 @@ and exit code 1.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
+from specsteer.cli import options
 from specsteer.cli.generate import console, legend, print_stream, stats_table
 from specsteer.errors import SpecSteerError
+from specsteer.options import DEMO
+from specsteer.settings import Params
 
 
 def register(app: typer.Typer) -> None:
@@ -22,6 +25,11 @@ def register(app: typer.Typer) -> None:
     app.command("demo")(demo_command)
 
 
+# 96 tokens: the persona's letter with its sign-off. The start is the Client's (see below).
+DEMO_DECODING = Params(max_new_tokens=96)
+
+
+@options.decoding(DEMO, base=DEMO_DECODING)
 def demo_command(
     user: Annotated[int, typer.Option(help="Sender index in the --data newsgroups set")] = 0,
     data: Annotated[
@@ -32,22 +40,13 @@ def demo_command(
     specialist: Annotated[str, typer.Option()] = "qwen2.5-0.5b",
     generalist: Annotated[str, typer.Option()] = "qwen2.5-1.5b",
     precision: Annotated[str, typer.Option()] = "int8",
-    preset: Annotated[
-        str, typer.Option(help="default (gamma 0.5) | fast (0.1, top_k 32) | strict (1.0)")
-    ] = "default",
-    max_new_tokens: Annotated[int, typer.Option()] = 96,
     # 640, not the email task's 768: the persona's letter at 768 (one more example in the
     # prompt) repeats a line until the token limit and loses its sign-off (measured, greedy)
     max_prompt_tokens: Annotated[
         int, typer.Option(help="Private prompt budget (its prefill is the slow part on a "
                                       "CPU); 0 = the task's, as a Client chooses it")
     ] = 640,
-    warm_start: Annotated[
-        bool | None, typer.Option(help="Let the companion write the opening from the public "
-                                       "request while the device prefills (the opening is then "
-                                       "the Generalist's generic one, not the sender's); "
-                                       "default: as a Client decides (docs/architecture.md)")
-    ] = None,
+    decoding: dict[str, Any] | None = None,
 ) -> None:
     """The main job: a real email in a sender's voice via SDK + companion on real models."""
     from specsteer.client import Client
@@ -76,15 +75,17 @@ def demo_command(
             where = query.get("newsgroup") or query.get("to") or "?"
             console.print(f"[bold]Subject:[/bold] {query.get('subject')}  [dim]({where})[/dim]")
             console.print(legend())
-            # The Client's default: the device prefills beside the companion's session opening
-            # and the letter is the sender's from its first word (a warm start's first ~17
-            # tokens for the persona were the Generalist's "Subject: Bulb Planting Day / Dear
-            # Growers, I hope this message finds you well"; docs/BENCHMARKS.md, issue 14 second
-            # pass); the stats say where the wait went.
-            options = {"preset": preset, "max_new_tokens": max_new_tokens}
-            if warm_start is not None:  # asked for: whatever the prefill is estimated at
-                options.update(warm_start=warm_start, warm_start_min_s=0.0)
-            result = print_stream(client, query, "email", options)
+            # The Client's default start: cold unless the prefill is estimated at
+            # warm_start_min_s or more, so the letter is the sender's from its first word (a
+            # warm start's first ~17 tokens for the persona were the Generalist's "Subject: Bulb
+            # Planting Day / Dear Growers, I hope this message finds you well"; docs/BENCHMARKS.md,
+            # issue 14 second pass); the stats say where the wait went. --warm-start asks for one
+            # whatever the prefill is estimated at.
+            given = dict(decoding or {})
+            if given.get("warm_start"):
+                given.setdefault("warm_start_min_s", 0.0)
+            settings = options.settings_from(given, DEMO_DECODING)
+            result = print_stream(client, query, "email", {"settings": settings})
             console.print(stats_table(result))
             if gold is not None:
                 console.print("[bold]What the user really wrote (first 400 chars):[/bold]")

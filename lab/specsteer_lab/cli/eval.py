@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -25,8 +25,11 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
+from specsteer.cli import options
 from specsteer.errors import SpecSteerError
 from specsteer.history.prompts import DEFAULT_MIN_EXAMPLE_TOKENS
+from specsteer.options import EVAL
+from specsteer_lab.eval.harness import EVAL_DECODING
 
 
 def register(app: typer.Typer) -> None:
@@ -34,6 +37,7 @@ def register(app: typer.Typer) -> None:
     app.command("eval")(eval_command)
 
 
+@options.decoding(EVAL, base=EVAL_DECODING)
 def eval_command(
     task: Annotated[str, typer.Option(help="Task: email, abstract, title, tweet (shared data) "
                                            "or review, topic with --data.")],
@@ -54,7 +58,6 @@ def eval_command(
                           ] = "qwen2.5-1.5b",
     precision: Annotated[str | None, typer.Option(
         help="Compiled precision of registry models (default: the registry's).")] = None,
-    max_new_tokens: Annotated[int, typer.Option(min=1)] = 64,
     retrieve_k: Annotated[int, typer.Option(min=0, help="BM25 records in the private context."
                                             )] = 5,
     rtt_ms: Annotated[float, typer.Option(
@@ -68,41 +71,10 @@ def eval_command(
     user_length: Annotated[bool, typer.Option(
         help="Every method generates within the user's length policy (min/max new tokens from "
              "the history), capped by --max-new-tokens.")] = True,
-    draft_k: Annotated[int, typer.Option(min=1, help="Tokens drafted per SpecSteer round.")] = 4,
-    no_repeat_ngram: Annotated[int | None, typer.Option(
-        min=0, help="Never repeat an n-gram of the output, every method (0: off; default: the "
-                    "SDK's Params default).")] = None,
-    loop_ngram: Annotated[int | None, typer.Option(
-        min=0, help="...nor write an n-gram of this length a third time (paraphrase loops; 0: "
-                    "off; default: the SDK's).")] = None,
-    loop_end_ngram: Annotated[int | None, typer.Option(
-        min=0, help="...or end the text at the next sentence end once an n-gram of this length "
-                    "came a third time (0: off; default: the SDK's).")] = None,
-    end_release: Annotated[float | None, typer.Option(
-        min=0.0, max=1.0,
-        help="Let end-of-text through before the user's minimum length when the deciding model "
-             "gives it more than this probability (1: never; default: the SDK's).")] = None,
-    end_release_from: Annotated[float | None, typer.Option(
-        min=0.0, max=1.0,
-        help="...but only from this share of the minimum on (0: anywhere below it; default: "
-             "the SDK's, half).")] = None,
-    ban_meta_openings: Annotated[bool, typer.Option(
-        help="No method may open its text with a meta answer (\"I'm sorry, but I can't …\"; "
-             "the SDK's Params.meta_openings).")] = True,
-    ban_assistant_openings: Annotated[bool, typer.Option(
-        help="...nor with an assistant's opening (\"I'm glad you found …\") that the user's "
-             "retrieved texts never use (the SDK's Params.assistant_openings).")] = True,
-    ban_assistant_phrases: Annotated[bool, typer.Option(
-        help="...nor write, anywhere, an assistant's phrase (\"As an AI language model\", "
-             "\"feel free to ask\", markdown bold) that the user's retrieved texts never use "
-             "(the SDK's Params.assistant_phrases).")] = True,
-    alpha: Annotated[float, typer.Option(help="Steering strength of the private term.")] = 1.0,
     threads: Annotated[int, typer.Option(min=1, help="ONNX Runtime threads per model.")] = 1,
-    pipeline: Annotated[bool, typer.Option(
-        help="Draft the next round while the companion verifies. Off: the in-process companion "
-             "runs in between, so it would only add lost bets' drafting to the time.")] = False,
     out: Annotated[Path, typer.Option(help="Results folder (resumed when it exists).")
                    ] = Path("eval-results"),
+    decoding: dict[str, Any] | None = None,
 ) -> None:
     """Evaluate SpecSteer and the baselines: ROUGE, acceptance, speed and bytes per token."""
     from specsteer.runtime import load_model
@@ -118,20 +90,10 @@ def eval_command(
         raise typer.Exit(2)
     try:
         specs = harness_lib.parse_methods([*(methods or DEFAULT_METHODS), *(more_methods or [])])
-        config = EvalConfig(task=task, max_new_tokens=max_new_tokens, retrieve_k=retrieve_k,
-                            rtt_ms=rtt_ms, max_prompt_tokens=max_prompt_tokens, draft_k=draft_k,
-                            min_example_tokens=min_example_tokens, user_length=user_length,
-                            alpha=alpha, pipeline=pipeline, ban_meta_openings=ban_meta_openings,
-                            ban_assistant_openings=ban_assistant_openings,
-                            ban_assistant_phrases=ban_assistant_phrases,
-                            **({} if no_repeat_ngram is None
-                               else {"no_repeat_ngram": no_repeat_ngram}),
-                            **({} if loop_ngram is None else {"loop_ngram": loop_ngram}),
-                            **({} if loop_end_ngram is None
-                               else {"loop_end_ngram": loop_end_ngram}),
-                            **({} if end_release is None else {"end_release": end_release}),
-                            **({} if end_release_from is None
-                               else {"end_release_from": end_release_from}))
+        config = EvalConfig.of(task, retrieve_k=retrieve_k, rtt_ms=rtt_ms,
+                               max_prompt_tokens=max_prompt_tokens,
+                               min_example_tokens=min_example_tokens, user_length=user_length,
+                               **(decoding or {}))
         examples = data_lib.load_examples(task, data, users)
         err.print(f"{len(examples)} users × {len(specs)} methods; loading {specialist} and "
                   f"{generalist}", style="dim", markup=False)
@@ -142,30 +104,7 @@ def eval_command(
             harness, None if data is None else str(data.resolve())))
         results = out / RESULTS
         planned = {(e.user, s.label) for e in examples for s in specs}
-        already = len(planned & {harness_lib.row_key(r) for r in harness_lib.read_results(results)})
-        columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                   TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn())
-        with Progress(*columns, console=err, transient=False) as bar:
-            job = bar.add_task("evaluating", total=len(planned), completed=already)
-
-            started, fresh = time.monotonic(), [0]
-
-            def advance(example: data_lib.Example, spec: harness_lib.MethodSpec,
-                        row: dict | None) -> None:
-                if row is None:
-                    return  # counted in `already`
-                bar.update(job, advance=1, description=f"{example.user[:24]} · {spec.label}")
-                fresh[0] += 1
-                if not err.is_terminal:  # logs get one line per generation instead of a bar
-                    spent = time.monotonic() - started
-                    left = len(planned) - already - fresh[0]
-                    err.print(f"[{already + fresh[0]}/{len(planned)}] {example.user} · "
-                              f"{spec.label}: {row['tokens']} tokens, ROUGE-L "
-                              f"{row['rougeL'] * 100:.1f}, elapsed {spent:.0f} s, ETA "
-                              f"{spent / fresh[0] * left:.0f} s", markup=False)
-
-            for _ in harness_lib.run_eval(harness, examples, specs, results, progress=advance):
-                pass
+        _run_with_progress(err, harness, examples, specs, results, planned)
         rows = [r for r in harness_lib.read_results(results)
                 if harness_lib.row_key(r) in planned]
         plot = report_lib.plot_quality_vs_speed(rows, out / "quality_vs_speed.png")
@@ -179,3 +118,33 @@ def eval_command(
         raise typer.Exit(1) from None
     typer.echo(report_lib.markdown_table(report_lib.summarize(rows)))
     typer.echo(f"\nwrote {results}, {out / 'report.md'}, {out / 'summary.json'}, {plot}")
+
+
+def _run_with_progress(err: Console, harness: Any, examples: list[Any], specs: list[Any],
+                       results: Path, planned: set[tuple[str, str]]) -> None:
+    """Run every planned (user, method) not yet in `results`, with a progress bar and ETA (one
+    line per generation when stderr is a log, not a terminal)."""
+    from specsteer_lab.eval import harness as harness_lib
+
+    already = len(planned & {harness_lib.row_key(r) for r in harness_lib.read_results(results)})
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+               TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn())
+    with Progress(*columns, console=err, transient=False) as bar:
+        job = bar.add_task("evaluating", total=len(planned), completed=already)
+        started, fresh = time.monotonic(), [0]
+
+        def advance(example: Any, spec: Any, row: dict | None) -> None:
+            if row is None:
+                return  # counted in `already`
+            bar.update(job, advance=1, description=f"{example.user[:24]} · {spec.label}")
+            fresh[0] += 1
+            if not err.is_terminal:  # logs get one line per generation instead of a bar
+                spent = time.monotonic() - started
+                left = len(planned) - already - fresh[0]
+                err.print(f"[{already + fresh[0]}/{len(planned)}] {example.user} · "
+                          f"{spec.label}: {row['tokens']} tokens, ROUGE-L "
+                          f"{row['rougeL'] * 100:.1f}, elapsed {spent:.0f} s, ETA "
+                          f"{spent / fresh[0] * left:.0f} s", markup=False)
+
+        for _ in harness_lib.run_eval(harness, examples, specs, results, progress=advance):
+            pass

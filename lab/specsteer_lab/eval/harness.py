@@ -20,7 +20,7 @@ import json
 import os
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +30,7 @@ from specsteer.history.length import LengthPolicy
 from specsteer.history.store import HistoryStore
 from specsteer.link import CompanionLink, FrameChannel
 from specsteer.runtime.base import LanguageModel
-from specsteer.settings import END_RELEASE_FROM, PRESETS, release_point
+from specsteer.settings import PRESETS
 from specsteer.tokenizer import Message
 from specsteer_companion.local import LocalChannel
 from specsteer_companion.verifier import Verifier
@@ -109,62 +109,54 @@ def parse_methods(names: Iterable[str]) -> list[MethodSpec]:
     return list(specs.values())
 
 
+# The decoding settings every method of a run shares, where a run departs from the SDK's:
+# at most 64 new tokens; no pipelining (drafting the next round while the companion verifies
+# only pays when the two run at the same time: the in-process companion runs in between, so it
+# would only add the lost bets' drafting to SpecSteer's and speculative decoding's time; the
+# output is the same); no warm start (each method's own text: no timing-dependent start).
+EVAL_DECODING = Params(max_new_tokens=64, pipeline=False, warm_start=False)
+# what each method (gamma, the method itself) and each user (the minimum) set for themselves
+PER_METHOD = ("method", "gamma", "min_new_tokens")
+
+
 @dataclass(frozen=True)
 class EvalConfig:
     """What a run holds fixed; a results folder is only resumed under the same config."""
 
     task: str
-    max_new_tokens: int = 64
     retrieve_k: int = 5
     rtt_ms: float = 0.0
     max_prompt_tokens: int | None = None  # None: the task's own budget (`prompts.prompt_budget`)
     min_example_tokens: int = prompts.DEFAULT_MIN_EXAMPLE_TOKENS
     # Every method gets the user's length policy (min/max new tokens from the history) under
-    # max_new_tokens; off: no minimum and max_new_tokens for all.
+    # decoding.max_new_tokens; off: no minimum and max_new_tokens for all.
     user_length: bool = True
-    draft_k: int = 4  # drafted tokens per round (the paper's K)
-    alpha: float = 1.0
-    top_k: int = 64  # sparse candidates per recovery / row
-    costeer_iterations: int = 20
-    # Never repeat an output n-gram (`Params.no_repeat_ngram`), the same for every method.
-    no_repeat_ngram: int = Params().no_repeat_ngram
-    # ...nor one of this length a third time (`Params.loop_ngram`), the same for every method.
-    loop_ngram: int = Params().loop_ngram
-    # ...or end the text at a sentence end once one of this length came a third time
-    # (`Params.loop_end_ngram`), the same for every method.
-    loop_end_ngram: int = Params().loop_end_ngram
-    # An end-of-text before the user's minimum stands when the deciding model gives it more
-    # than this (`Params.end_release`; 1: always held back), the same for every method.
-    end_release: float = Params().end_release
-    # ...and only from this share of the minimum on (`Params.end_release_after`; 0: anywhere
-    # below the minimum, the rule before the fourth pass of issue 14).
-    end_release_from: float = END_RELEASE_FROM
-    # The output may not open with a meta answer ("I'm sorry, but I can't …":
-    # `Params.meta_openings`), the same for every method.
-    ban_meta_openings: bool = True
-    # ...nor with an assistant's opening the user's retrieved texts never use ("I'm glad you
-    # found …": `Params.assistant_openings`, `Params.for_user`), the same for every method.
-    ban_assistant_openings: bool = True
-    # ...nor contain, anywhere, an assistant's phrase the user's texts never use ("As an AI
-    # language model", "feel free to ask", markdown bold: `Params.assistant_phrases`).
-    ban_assistant_phrases: bool = True
-    # Drafting the next round while the companion verifies only pays when the two run at the
-    # same time; the in-process companion runs in between, so here it would only add the lost
-    # bets' drafting to SpecSteer's and speculative decoding's time. Output is the same.
-    pipeline: bool = False
+    # the decoding settings of every method (`Params`: the same rules, budget and candidates);
+    # each method sets its own method and gamma, each user's length the minimum
+    decoding: Params = EVAL_DECODING
 
     def __post_init__(self) -> None:
         # The budget in force is recorded (run_config, the report), whichever way it was chosen.
         object.__setattr__(self, "max_prompt_tokens",
                            prompts.prompt_budget(self.task, self.max_prompt_tokens))
-        if not 0.0 <= self.end_release_from <= 1.0:
-            raise EvalError(f"end_release_from must be in [0, 1], not {self.end_release_from}")
-        try:  # the decoding settings every method shares: refused before any model loads
-            Params(alpha=self.alpha, k=self.draft_k, top_k=self.top_k,
-                   no_repeat_ngram=self.no_repeat_ngram, loop_ngram=self.loop_ngram,
-                   loop_end_ngram=self.loop_end_ngram, end_release=self.end_release)
-        except ValueError as exc:
+
+    @classmethod
+    def of(cls, task: str, **settings: Any) -> EvalConfig:
+        """A config from one flat set of settings: this class's own fields, and `Params`
+        options on top of `EVAL_DECODING`; a value out of range is refused (EvalError) before
+        any model loads."""
+        own = {f.name for f in fields(cls)} - {"task", "decoding"}
+        try:
+            decoding = EVAL_DECODING.updated(
+                **{name: value for name, value in settings.items() if name not in own})
+        except (TypeError, ValueError) as exc:
             raise EvalError(str(exc)) from None
+        return cls(task=task, decoding=decoding,
+                   **{name: value for name, value in settings.items() if name in own})
+
+    @property
+    def max_new_tokens(self) -> int:
+        return self.decoding.max_new_tokens
 
     def bounds(self, length: LengthPolicy | None) -> tuple[int, int]:
         """(min, max) new tokens of every method for a user with this length policy."""
@@ -177,19 +169,9 @@ class EvalConfig:
         """`spec`'s settings for a user with this length policy whose retrieved texts are
         `user_texts` (as `Client` fits them on the device)."""
         low, high = self.bounds(length)
-        return Params(method=spec.method, gamma=spec.gamma, alpha=self.alpha, k=self.draft_k,
-                      top_k=spec.top_k or self.top_k, max_new_tokens=high, min_new_tokens=low,
-                      no_repeat_ngram=self.no_repeat_ngram, loop_ngram=self.loop_ngram,
-                      loop_end_ngram=self.loop_end_ngram, end_release=self.end_release,
-                      end_release_after=release_point(low, self.end_release_from),
-                      meta_openings=Params().meta_openings if self.ban_meta_openings else (),
-                      assistant_openings=(Params().assistant_openings
-                                          if self.ban_assistant_openings else ()),
-                      assistant_phrases=(Params().assistant_phrases
-                                         if self.ban_assistant_phrases else ()),
-                      costeer_iterations=self.costeer_iterations, pipeline=self.pipeline,
-                      warm_start=False  # the method's own text: no timing-dependent start
-                      ).for_user(user_texts)
+        return replace(self.decoding, method=spec.method, gamma=spec.gamma,
+                       top_k=spec.top_k or self.decoding.top_k, max_new_tokens=high,
+                       min_new_tokens=low).for_user(user_texts)
 
 
 class MeteredChannel:
@@ -415,15 +397,19 @@ def check_run_config(out: Path, config: dict[str, Any]) -> None:
 
 
 def run_config(harness: Harness, data: str | None) -> dict[str, Any]:
-    """The settings that make rows comparable (methods and user count may grow on resume)."""
-    return {
-        **asdict(harness.config),
+    """The settings that make rows comparable (methods and user count may grow on resume):
+    the run's own and every shared decoding setting, flat and as JSON holds them."""
+    config = asdict(harness.config)
+    decoding = config.pop("decoding")
+    return json.loads(json.dumps({
+        **config,
+        **{name: value for name, value in decoding.items() if name not in PER_METHOD},
         "data": data,
         "specialist": harness.specialist.name,
         "specialist_sha256": harness.specialist.sha256,
         "generalist": harness.generalist.name,
         "generalist_sha256": harness.generalist.sha256,
-    }
+    }))
 
 
 ProgressFn = Callable[[Example, MethodSpec, "dict[str, Any] | None"], None]

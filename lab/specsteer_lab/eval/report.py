@@ -181,7 +181,7 @@ def render_report(rows: Sequence[Mapping[str, Any]], config: Mapping[str, Any] |
     if config:
         setup = ", ".join(f"{key}={config[key]}" for key in (
             "task", "specialist", "generalist", "max_new_tokens", "retrieve_k", "rtt_ms",
-            "draft_k", "alpha", "top_k", "max_prompt_tokens") if key in config)
+            "k", "alpha", "top_k", "max_prompt_tokens") if key in config)
         parts += [f"Setup: {setup}; {len(users)} users.", ""]
     parts += [markdown_table(summaries), ""]
     parts += ["## What a user would feel", "", voice_table(summaries), ""]

@@ -7,7 +7,9 @@ history thread, so a locked database never stalls `cancel` or `status`. One gene
 a second `generate` while one runs is refused with BUSY (the caller decides whether to wait).
 `cancel` answers the generation at once with the text so far (finish_reason "cancelled"); its
 worker stops at the next cancellation point (between tokens) and frees the model before the next
-generation starts.
+generation starts. The bridge's threads (generation workers, delayed `prepare` answers) are its
+own `Workers`, joined on `close`. The decoding options are the registry's (`specsteer.options`,
+surface "bridge"), so a new `Params` option needs no edit here.
 """
 
 from __future__ import annotations
@@ -30,11 +32,13 @@ from specsteer.bridge.errors import (
     from_exception,
 )
 from specsteer.bridge.schemas import PROTOCOL_VERSION, check_params
-from specsteer.client import Client, Piece, Result
+from specsteer.client import Client, Piece
 from specsteer.device import PRESETS, ModeChange, Params
 from specsteer.history import HistoryStore, task_names
+from specsteer.options import BRIDGE, exposed, names
 from specsteer.protocol import describe_frame
-from specsteer.settings import PHRASE_FIELDS
+from specsteer.settings import PRESET
+from specsteer.workers import Workers
 
 log = logging.getLogger("specsteer.bridge")
 RequestId = str | int
@@ -42,13 +46,12 @@ Respond = Callable[[Any, BridgeError | None], None]  # (result, error): exactly 
 Notify = Callable[[str, dict[str, Any]], None]
 
 NOTIFICATIONS = ["generate.piece", "generate.mode", "generate.stats"]
-# the decoding options of generate and prepare (common.json `decoding_options`): passed to
-# Client.stream and Client.prepare as they are, so what prepare makes ahead (the first round's
-# draft, the companion session) is keyed by the settings the generate will use
-DECODING_OPTIONS = ("preset", "method", "max_new_tokens", "temperature", "gamma", "alpha", "k",
-                    "adaptive_k", "top_k", "top_p", "seed", "no_repeat_ngram", "loop_ngram",
-                    "loop_end_ngram", "leak_guard", "end_release", "meta_openings",
-                    "assistant_openings", "banned_phrases", "assistant_phrases")
+# the decoding options of generate and prepare (common.json `decoding_options`, generated from
+# the same registry): passed to Client.stream and Client.prepare as they are, so what prepare
+# makes ahead (the first round's draft, the companion session) is keyed by the settings the
+# generate will use
+DECODING_OPTIONS = (PRESET.name, *names(exposed(Params, BRIDGE)))
+_PHRASE_OPTIONS = tuple(e.name for e in exposed(Params, BRIDGE) if e.is_phrases)
 # what only a stream takes besides them (`query` and `task` are positional)
 _STREAM_OPTIONS = (*DECODING_OPTIONS, "stop", "offline", "before", "prefix")
 
@@ -87,6 +90,7 @@ class Bridge:
         self._running: _Generation | None = None
         self._lock = threading.Lock()
         self._history_thread = ThreadPoolExecutor(1, thread_name_prefix="bridge-history")
+        self._workers = Workers()  # generation workers and delayed prepare answers
         self._methods: dict[str, Callable[[dict[str, Any]], Any]] = {
             "initialize": self.initialize,
             "status": self.status,
@@ -150,7 +154,7 @@ class Bridge:
         if wait_s <= 0:
             answer()
         else:
-            threading.Thread(target=answer, name="bridge-prepare", daemon=True).start()
+            self._workers.start(answer, "bridge-prepare")
 
     # -- plain methods ---------------------------------------------------------------------------
     def initialize(self, params: dict[str, Any]) -> dict[str, Any]:
@@ -218,6 +222,7 @@ class Bridge:
         self._history_thread.shutdown(wait=True, cancel_futures=True)
         if running is None or running.done.is_set():  # else the worker still holds the model
             self.client.close()
+            self._workers.join(wait_s)
 
     # -- history ---------------------------------------------------------------------------------
     def _run_history(self, method: str, params: dict[str, Any], respond: Respond) -> None:
@@ -259,8 +264,8 @@ class Bridge:
             generation = _Generation(request_id, respond, notify)
             self._running = generation
             self.generations += 1
-        threading.Thread(target=self._generate, args=(generation, params, previous),
-                         name=f"bridge-generate-{request_id}", daemon=True).start()
+        self._workers.start(lambda: self._generate(generation, params, previous),
+                            f"bridge-generate-{request_id}")
 
     def _generate(self, generation: _Generation, params: dict[str, Any],
                   previous: _Generation | None) -> None:
@@ -280,7 +285,6 @@ class Bridge:
 
     def _decode(self, generation: _Generation, params: dict[str, Any]) -> None:
         options = _options(params, _STREAM_OPTIONS)
-        out: list[Result] = []
 
         def on_mode(change: ModeChange) -> None:
             self.last_mode = change.mode
@@ -289,7 +293,7 @@ class Bridge:
 
         pace_s = params.get("min_token_ms", 0) / 1000
         stream = self.client.stream(params["query"], task=params.get("task", "email"),
-                                    result=out, on_mode=on_mode, **options)
+                                    on_mode=on_mode, **options)
         try:
             for piece in stream:
                 if generation.cancel.is_set():
@@ -304,7 +308,7 @@ class Bridge:
             stream.close()  # a cancelled run stops here: the decoder's sessions are closed
         if generation.cancel.is_set():
             return
-        result = out[0]
+        result = stream.result
         streamed = "".join(piece.text for piece in generation.pieces)
         if len(result.text) > len(streamed) and result.text.startswith(streamed):
             # the stream holds back an incomplete UTF-8 character; the final text keeps it
@@ -312,7 +316,7 @@ class Bridge:
                 "text": result.text[len(streamed):], "token": result.tokens[-1],
                 "provenance": result.provenance[-1],
                 "round": generation.pieces[-1].round if generation.pieces else 0})
-        stats = stats_json(result)
+        stats = result.stats.to_json()
         self._send(generation, "generate.stats", {"stats": stats})
         limit = params.get("max_new_tokens", Params.max_new_tokens)
         self._answer(generation, {
@@ -337,19 +341,12 @@ class Bridge:
         generation.respond(result, error)
 
 
-def stats_json(result: Result) -> dict[str, Any]:
-    """GenerationStats as JSON (tuples as lists, bytes_per_token included)."""
-    stats = {k: list(v) if isinstance(v, tuple) else v for k, v in vars(result.stats).items()}
-    stats["bytes_per_token"] = result.stats.bytes_per_token
-    return stats
-
-
 def _options(params: dict[str, Any], names: tuple[str, ...]) -> dict[str, Any]:
     """The `names` given in `params`, as Client keyword arguments ("default" preset = none)."""
     options = {name: params[name] for name in names if name in params}
     if options.get("preset") == "default":
         options.pop("preset")
-    for name in PHRASE_FIELDS:  # JSON lists; Params keeps tuples
+    for name in _PHRASE_OPTIONS:  # JSON lists; Params keeps tuples
         if name in options:
             options[name] = tuple(options[name])
     return options

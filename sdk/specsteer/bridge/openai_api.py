@@ -17,10 +17,12 @@ from typing import Any
 
 from specsteer.bridge.errors import BridgeError
 from specsteer.bridge.schemas import check_params
+from specsteer.options import openai_fields
+from specsteer.settings import Params
 
-# OpenAI fields that map onto generate params
-MAPPED = {"max_completion_tokens": "max_new_tokens", "max_tokens": "max_new_tokens",
-          "temperature": "temperature", "top_p": "top_p", "seed": "seed", "stop": "stop"}
+# OpenAI fields that map onto generate params: each option's `openai` names in the registry
+# (settings.py), and `stop` (a stream parameter, not a setting)
+MAPPED = {**openai_fields(Params), "stop": "stop"}
 # read by the endpoint itself, or harmless to accept (`user`: an end-user id for the provider)
 HANDLED = {"model", "messages", "stream", "stream_options", "n", "user", "specsteer"}
 # OpenAI parameters not implemented: accepted at the value that asks for nothing (or null)
@@ -84,9 +86,9 @@ def completion_request(body: Any, model_id: str) -> Completion:
         raise OpenAIError(400, f"stream must be a boolean, not {stream!r}", "invalid_type",
                           param="stream")
     params: dict[str, Any] = {"query": _request_text(given.get("messages"))}
-    for field in ("max_tokens", "max_completion_tokens", "temperature", "top_p", "seed"):
-        if field in given:  # max_completion_tokens (later) wins over the older max_tokens
-            params[MAPPED[field]] = given[field]
+    for field, name in MAPPED.items():  # the registry names max_tokens first, so the newer
+        if field != "stop" and field in given:  # max_completion_tokens wins when both are given
+            params[name] = given[field]
     if "stop" in given:
         params["stop"] = [given["stop"]] if isinstance(given["stop"], str) else given["stop"]
     extension = given.get("specsteer", {})

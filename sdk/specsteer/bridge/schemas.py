@@ -3,18 +3,24 @@
 Loads every schema file into one `referencing` registry, so cross-file `$ref`s resolve without
 any network access, and checks method params (and, in tests, results and notifications) with
 `jsonschema`'s Draft 2020-12 validator; and that every string in them is text (a JSON escape can
-carry a lone surrogate, which no schema type refuses and nothing can encode). Owns no method
-logic.
+carry a lone surrogate, which no schema type refuses and nothing can encode). Two definitions of
+common.json are generated, not written: `decoding_options` from the option registry (`Params`,
+surface "bridge") and `stats` from `GenerationStats` (`generated_definitions`; `./dev generate`
+writes them, a test fails while the file differs). Owns no method logic.
 """
 
 from __future__ import annotations
 
 import json
+import typing
 from functools import cache
 from pathlib import Path
 from typing import Any
 
 from specsteer.bridge.errors import INVALID_PARAMS, BridgeError
+from specsteer.generation import GenerationStats
+from specsteer.options import BRIDGE, Entry, exposed, stat_help
+from specsteer.settings import PRESET, Params
 from specsteer.tokenizer import check_text
 
 PROTOCOL_VERSION = 1
@@ -141,3 +147,73 @@ def _describe(error: Any) -> dict[str, Any]:
         return {"path": list(error.absolute_path),
                 "message": f"{error.instance!r} is not {error.schema['description']}"}
     return {"path": list(error.absolute_path), "message": error.message}
+
+
+# -- the generated definitions ----------------------------------------------------------------
+# the bridge's own caps on a phrase list an app sends (a line of the protocol stays small)
+MAX_PHRASES = 64
+MAX_PHRASE_CHARS = 200
+_JSON_TYPES = {bool: "boolean", int: "integer", float: "number", str: "string"}
+
+
+def generated_definitions(settings: type[Params] = Params,
+                          stats: type[GenerationStats] = GenerationStats) -> dict[str, Any]:
+    """common.json's `decoding_options` and `stats`, as the registry and the stats fields give
+    them."""
+    return {"decoding_options": decoding_options_schema(settings), "stats": stats_schema(stats)}
+
+
+def decoding_options_schema(settings: type[Params] = Params) -> dict[str, Any]:
+    """The decoding options of generate and prepare: every option the bridge offers."""
+    return {
+        "type": "object",
+        "description": "The decoding options of generate; prepare takes them too, so that what "
+        "it makes ahead (the first round's draft, the companion session) is what the generate "
+        "with the same options uses. A part of their params (allOf), which close the object "
+        "with unevaluatedProperties. Generated from the SDK's option registry (Params).",
+        "properties": {e.name: option_schema(e) for e in (PRESET, *exposed(settings, BRIDGE))},
+    }
+
+
+def option_schema(entry: Entry) -> dict[str, Any]:
+    """One option as JSON Schema: its type, range or choices, and help."""
+    meta = entry.option
+    if entry.is_phrases:
+        schema: dict[str, Any] = {"type": "array", "items": {
+            "type": "string", "minLength": 1, "maxLength": MAX_PHRASE_CHARS},
+            "maxItems": MAX_PHRASES}
+    elif meta.choices:
+        schema = {"enum": list(meta.choices)}
+    else:
+        schema = {"type": _JSON_TYPES[entry.base_type]}
+    if meta.off_or_at_least is not None:  # 0, or at least n: nothing strictly between
+        schema.update(minimum=0, **{"not": {"exclusiveMinimum": 0,
+                                            "exclusiveMaximum": meta.off_or_at_least}})
+    for key, value in (("minimum", meta.minimum), ("exclusiveMinimum", meta.above),
+                       ("maximum", meta.maximum)):
+        if value is not None:
+            schema[key] = int(value) if float(value).is_integer() else value
+    return {**schema, "description": meta.help}
+
+
+def stats_schema(stats: type[GenerationStats] = GenerationStats) -> dict[str, Any]:
+    """A generation's stats: every field of `GenerationStats` and its derived measures."""
+    hints = typing.get_type_hints(stats)
+    properties = {name: {**_value_schema(hints[name]), "description": help_text}
+                  for name, help_text in stat_help(stats).items()}
+    properties.update({name: {"type": "number", "description": help_text}
+                       for name, help_text in stats.DERIVED.items()})
+    return {"type": "object", "description": "What one generation cost, as the device "
+            "measured it (generated from GenerationStats).", "properties": properties,
+            "required": list(properties), "additionalProperties": False}
+
+
+def _value_schema(kind: Any) -> dict[str, Any]:
+    """A stats field's Python type as JSON Schema."""
+    origin, args = typing.get_origin(kind), typing.get_args(kind)
+    if origin in (tuple, list):
+        return {"type": "array", "items": _value_schema(args[0])}
+    if args and type(None) in args:  # X | None
+        inner = _value_schema(next(a for a in args if a is not type(None)))
+        return {"type": [inner["type"], "null"]}
+    return {"type": _JSON_TYPES[kind]}

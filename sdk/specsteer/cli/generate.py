@@ -16,6 +16,7 @@ from rich.table import Table
 from specsteer.cli import options
 from specsteer.client import NO_TOKEN, Client, GenerationStats, Result
 from specsteer.errors import SpecSteerError
+from specsteer.options import GENERATE
 
 COLOURS = {
     "draft": "green",
@@ -36,8 +37,8 @@ def print_stream(
     client: Client, query: dict[str, Any] | str, task: str, options: dict[str, Any]
 ) -> Result:
     """Stream one generation to the console, each piece in its provenance's colour."""
-    out: list[Result] = []
-    for piece in client.stream(query, task=task, result=out, **options):
+    stream = client.stream(query, task=task, **options)
+    for piece in stream:
         console.print(
             piece.text,
             style=COLOURS.get(piece.provenance, "white"),
@@ -46,7 +47,7 @@ def print_stream(
             markup=False,
         )
     console.print()
-    return out[0]
+    return stream.result
 
 
 def _warm_start(s: GenerationStats) -> str:
@@ -109,6 +110,7 @@ def register(app: typer.Typer) -> None:
     """Add the generate command to the main CLI."""
 
     @app.command()
+    @options.decoding(GENERATE)
     def generate(
         request: Annotated[str, typer.Argument(help="What to write (a subject, title or text)")],
         task: Annotated[str, typer.Option(help="Task template")] = "email",
@@ -117,55 +119,23 @@ def register(app: typer.Typer) -> None:
         companion: options.Companion = None,
         token: options.Token = "",
         allow_insecure: options.AllowInsecure = False,
-        method: Annotated[str, typer.Option()] = "specsteer",
-        preset: Annotated[str | None, typer.Option(help="default | fast | strict")] = None,
-        gamma: Annotated[float | None, typer.Option()] = None,
-        alpha: Annotated[float, typer.Option()] = 1.0,
-        k: Annotated[int, typer.Option("--k", help="Draft length")] = 4,
-        adaptive_k: Annotated[
-            bool, typer.Option(help="Choose K each round from measured acceptance and costs")
-        ] = False,
-        top_k: Annotated[
-            int | None, typer.Option(help="Recovery candidates (default 64; preset fast: 32)")
-        ] = None,
-        temperature: Annotated[float, typer.Option()] = 0.0,
-        max_new_tokens: Annotated[int, typer.Option()] = 128,
-        seed: Annotated[int, typer.Option()] = 0,
         as_json: Annotated[bool, typer.Option("--json")] = False,
+        decoding: dict[str, Any] | None = None,
     ) -> None:
         """Write personalized text with the local Specialist, steered by a companion if given."""
-        options: dict[str, Any] = dict(
-            method=method,
-            alpha=alpha,
-            k=k,
-            adaptive_k=adaptive_k,
-            temperature=temperature,
-            max_new_tokens=max_new_tokens,
-            seed=seed,
-            preset=preset,
-        )
-        # what a preset sets is passed only when given, so the preset is not overridden
-        options.update({n: v for n, v in (("gamma", gamma), ("top_k", top_k)) if v is not None})
+        settings = dict(decoding or {})
         query = request  # a plain string fills the task's first field
         try:
             client = Client(specialist, history=history, companion=companion,
                             token=token or NO_TOKEN,
                             allow_insecure=allow_insecure)
             if as_json:
-                result = client.generate(query, task=task, **options)
-                print(
-                    json.dumps(
-                        {
-                            "text": result.text,
-                            "provenance": result.provenance,
-                            "stats": vars(result.stats),
-                        },
-                        default=str,
-                    )
-                )
+                result = client.generate(query, task=task, **settings)
+                print(json.dumps({"text": result.text, "provenance": result.provenance,
+                                  "stats": result.stats.to_json()}))
             else:
                 console.print(legend())
-                console.print(stats_table(print_stream(client, query, task, options)))
-        except SpecSteerError as exc:
+                console.print(stats_table(print_stream(client, query, task, settings)))
+        except (SpecSteerError, ValueError) as exc:
             console.print(f"[red]error:[/red] {exc}")
             raise typer.Exit(1) from None

@@ -9,18 +9,16 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from specsteer import steer
+from specsteer.device.rules import Rules
 from specsteer.errors import GenerationCancelled
-from specsteer.meta_answers import PhraseIds
 from specsteer.runtime.track import Track
 from specsteer.settings import Params
-
-NO_PHRASES = PhraseIds()
 
 
 def choose(row: np.ndarray, temperature: float, rng: np.random.Generator | None) -> int:
@@ -40,25 +38,6 @@ class Drafted:
     step_s: float | None = None  # seconds per drafted token (feeds the adaptive K)
 
 
-def bans(params: Params, eos: frozenset[int], position: int, context: list[int],
-         row: np.ndarray, ids: np.ndarray | None = None,
-         phrases: PhraseIds = NO_PHRASES) -> frozenset[int]:
-    """Ids the token at `position` of this session's output may not be, after the whole
-    output `context`: end-of-text before the minimum length, unless the deciding model's `row`
-    there (logits, or log-probabilities of `ids`: `steer.end_probability`) puts more than
-    `end_release` on it (from `params.release_after` on; before it, always); a repeat of an
-    output n-gram; the end of a banned phrase (`phrases`: `meta_answers.phrase_ids` of
-    `params.meta_openings` at the start, `params.banned_phrases` anywhere)."""
-    held = position < params.min_new_tokens and (
-        position < params.release_after
-        or steer.end_probability(row, eos, ids) <= params.end_release)
-    rules = steer.repeated_ngram_bans(context, params.no_repeat_ngram) \
-        | steer.repeated_ngram_bans(context, params.loop_ngram, times=2) \
-        | steer.opening_bans(context, phrases.openings) \
-        | steer.phrase_bans(context, phrases.anywhere)
-    return eos | rules if held else rules
-
-
 def budget(params: Params, k: int, produced: int) -> int:
     """Draft length (at most k) that leaves room for the round's recovered/bonus token."""
     return max(0, min(k, params.max_new_tokens - produced - 1))
@@ -72,15 +51,17 @@ def draft(
     eos: frozenset[int],
     stop: Callable[[], bool] | None = None,
     into: Drafted | None = None,
-    banned: Callable[[list[int], np.ndarray], frozenset[int]] | None = None,
+    rules: Rules | None = None,
+    written: Sequence[int] = (),
     cancel: threading.Event | None = None,
 ) -> Drafted:
     """Draft up to k tokens (`stop` cuts it short), or continue the draft `into` up to k.
 
-    An end-of-text draft is not appended to the session: nothing follows it. `banned` gives,
-    for the tokens drafted so far and the next token's row, the ids it may not be (end-of-text
-    before the user's minimum length, a repeated n-gram). `cancel`, once set, raises
-    `GenerationCancelled` before the next token (a draft of K tokens takes K model passes).
+    An end-of-text draft is not appended to the session: nothing follows it. `rules` ban, at
+    each drafted token, what may not follow the output so far: `written` (the generation's
+    output before this draft) and the tokens drafted (`device.rules`). `cancel`, once set,
+    raises `GenerationCancelled` before the next token (a draft of K tokens takes K model
+    passes).
     """
     drafted = into if into is not None else Drafted(local.length, [], [local.row])
     started, before = time.perf_counter(), len(drafted.tokens)
@@ -90,8 +71,8 @@ def draft(
         if cancel is not None and cancel.is_set():
             raise GenerationCancelled("cancelled while drafting")
         row = drafted.rows[-1]
-        if banned is not None:
-            row = steer.forbid(row, banned(drafted.tokens, row))
+        if rules is not None:
+            row = rules.forbid([*written, *drafted.tokens], row)
         token = choose(row, temperature, rng)
         drafted.tokens.append(token)
         if token in eos:

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+
+from specsteer.options import stat
 
 
 @dataclass(frozen=True)
@@ -23,39 +25,52 @@ class TokenEvent:
 
 @dataclass
 class DecodeStats:
-    """Counters of one generation; timings in seconds."""
+    """What the decoding loop counts of one generation; timings in seconds. Each field says
+    what it is (`options.stat`): the bridge's stats schema is generated from these."""
 
-    rounds: int = 0
-    drafted: int = 0
-    accepted: int = 0
-    tokens: int = 0
-    prefill_s: float = 0.0
-    device_s: float = 0.0
-    wait_s: float = 0.0
-    first_token_s: float | None = None
-    degraded: bool = False
-    offline_reason: str | None = None
-    reconnects: int = 0  # times collaboration resumed after going local
-    resyncs: int = 0  # dropped links replaced at once by a resumed session (no local token)
-    pipelined: int = 0  # rounds whose draft was made while the previous one was verified
-    cancelled: bool = False  # the caller's cancel event stopped the generation
-    loop_ended: bool = False  # `Params.loop_end_ngram` ended a looping text at a sentence end
-    warm_tokens: int = 0  # Generalist tokens written during a warm start, before the switch
-    switch_s: float | None = None  # seconds from the start until Draft-Verify-Recover took over
-    # seconds from the start until the companion held the session (hello, its prefill of the
-    # public prompt; a cold start's private prefill runs beside them)
-    session_ready_s: float | None = None
-    session_reused: bool = False  # the companion session was opened ahead by `Client.prepare`
-    drafted_ahead: int = 0  # tokens of the first round's draft made ahead by `Client.prepare`
-    accept_lengths: list[int] = field(default_factory=list)
-    # the leak guard (device/leak_guard.py): spans it flagged; drafted tokens it cut from drafts
-    # or picks it turned away ("redact"); tokens decoded on the device alone because it held
-    leak_flagged: int = 0
-    leak_redacted: int = 0
-    leak_held: int = 0
+    rounds: int = stat(0, "rounds: collaborative rounds, or tokens decided one at a time")
+    drafted: int = stat(0, "tokens the Specialist drafted and sent for verification")
+    accepted: int = stat(0, "drafted tokens the companion accepted")
+    tokens: int = stat(0, "tokens written (an end-of-text is not counted)")
+    prefill_s: float = stat(0.0, "seconds the device spent prefilling its private prompt")
+    device_s: float = stat(0.0, "seconds of device compute after the prefill (drafts, fusion)")
+    first_token_s: float | None = stat(
+        None, "seconds from the start of decoding to the first token (None: no token)")
+    degraded: bool = stat(False, "the companion was lost and the device went on alone")
+    offline_reason: str | None = stat(None, "why the generation went local, when it did")
+    reconnects: int = stat(0, "times collaboration resumed after the companion came back")
+    resyncs: int = stat(
+        0, "dropped links replaced at once by a session resumed on a fresh one (no local "
+        "token in between)")
+    pipelined: int = stat(0, "rounds drafted while the previous round was being verified")
+    cancelled: bool = stat(False, "the caller's cancel event stopped the generation")
+    loop_ended: bool = stat(False, "loop_end_ngram ended a looping text at a sentence end")
+    warm_tokens: int = stat(0, "Generalist tokens written during a warm start, before the "
+                               "switch to Draft-Verify-Recover")
+    switch_s: float | None = stat(
+        None, "seconds from the start until Draft-Verify-Recover took over from a warm start "
+        "(None: no warm start)")
+    session_ready_s: float | None = stat(
+        None, "seconds from the start until the companion held the session (hello, its prefill "
+        "of the public prompt; a cold start's private prefill runs beside them)")
+    session_reused: bool = stat(
+        False, "the companion session prepare opened ahead was used as it was (prepared with "
+        "the generate's decoding options)")
+    drafted_ahead: int = stat(
+        0, "tokens of the first round's draft prepare made after its prefill (greedy "
+        "drafting with the generate's draft settings)")
+    accept_lengths: list[int] = stat(None, "drafts accepted in each round, in order",
+                                     factory=list)
+    leak_flagged: int = stat(0, "private spans the leak guard found in what was about to "
+                                "leave")
+    leak_redacted: int = stat(0, "drafted tokens the leak guard cut or picks it turned away "
+                                 "(leak_guard redact)")
+    leak_held: int = stat(0, "tokens written on the device alone after the leak guard held "
+                             "(leak_guard hold)")
 
     @property
     def acceptance_rate(self) -> float:
+        """Accepted / drafted tokens (0 with no draft)."""
         return self.accepted / self.drafted if self.drafted else 0.0
 
 

@@ -9,7 +9,6 @@ the drafts. Never the private prompt, never P_Sc.
 
 from __future__ import annotations
 
-import re
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -17,12 +16,12 @@ from dataclasses import replace
 
 import numpy as np
 
-from specsteer import steer
-from specsteer.device.drafting import Drafted, bans, choose
+from specsteer.device.drafting import Drafted, choose
 from specsteer.device.events import DecodeStats, DevicePrompt, TokenEvent
 from specsteer.device.leak_guard import LeakGuard, LeakHeld
 from specsteer.device.offline import LINK_ERRORS, ModeChange, OfflinePolicy, Reconnector
 from specsteer.device.rounds import MODES, collaborate
+from specsteer.device.rules import make_rules
 from specsteer.device.warm import BackgroundPrefill, estimated_prefill_s
 from specsteer.errors import (
     CompanionRefused,
@@ -31,10 +30,10 @@ from specsteer.errors import (
     GenerationCancelled,
 )
 from specsteer.link import CompanionLink
-from specsteer.meta_answers import phrase_ids
 from specsteer.runtime.base import CancellableSession, LanguageModel
 from specsteer.runtime.track import Track
 from specsteer.settings import Params
+from specsteer.workers import Workers
 
 CLOSE_GRACE_S = 0.05  # a cancelled generation waits this long at most for its links to close
 
@@ -54,6 +53,7 @@ def decode(
     switch_after: int | None = None,
     guard: LeakGuard | None = None,
     ahead: Drafted | None = None,
+    workers: Workers | None = None,
 ) -> Iterator[TokenEvent]:
     """Yield generated tokens for `prompt` with `params.method`; stops at end-of-text.
 
@@ -90,18 +90,17 @@ def decode(
     `guard` checks what leaves (`params.leak_guard`); by default it is built from the prompt's
     two views. Pass one built over more private text (e.g. the whole history) to guard that too.
     `ahead`: the first round's draft, made ahead by `Client.prepare` (`rounds.first_draft` for
-    these params); `local` then holds the prompt plus its tokens.
+    these params); `local` then holds the prompt plus its tokens. `workers`: where the
+    generation's background threads start (a warm start's prefill, reconnect probes, links
+    closed after a cancel), so that their owner (the Client) joins them; by default its own.
     """
+    workers = workers if workers is not None else Workers()
     generation = _Generation(
-        specialist, prompt, params, stats, connect, offline, on_mode, cancel, local, switch_after,
-        guard, ahead,
-    )
+        specialist, prompt, params, stats if stats is not None else DecodeStats(),
+        Reconnector(OfflinePolicy.parse(offline), connect, workers), workers, on_mode=on_mode,
+        cancel=cancel if cancel is not None else threading.Event(), local=local,
+        switch_after=switch_after, guard=guard, ahead=ahead)
     yield from generation.run(link)
-
-
-# a token that ends a sentence: its text ends in . ! or ? (maybe closing a quote or bracket),
-# or holds a line break
-_SENTENCE_END = re.compile(r"[.!?][\"'\u201d\u2019)\]]*\s*$|\n")
 
 
 class _Generation:
@@ -112,26 +111,23 @@ class _Generation:
         specialist: LanguageModel,
         prompt: DevicePrompt,
         params: Params,
-        stats: DecodeStats | None,
-        connect: Callable[[], CompanionLink] | None,
-        offline: OfflinePolicy | str,
+        stats: DecodeStats,
+        links: Reconnector,
+        workers: Workers,
+        *,
         on_mode: Callable[[ModeChange], None] | None,
-        cancel: threading.Event | None = None,
-        local: Track | None = None,
-        switch_after: int | None = None,
-        guard: LeakGuard | None = None,
-        ahead: Drafted | None = None,
+        cancel: threading.Event,
+        local: Track | None,
+        switch_after: int | None,
+        guard: LeakGuard | None,
+        ahead: Drafted | None,
     ) -> None:
-        self.ahead = ahead
         self.specialist, self.prompt, self.params = specialist, prompt, params
-        self.cancel = cancel if cancel is not None else threading.Event()
-        self.stats = stats if stats is not None else DecodeStats()
-        self.policy = OfflinePolicy.parse(offline)
-        self.links = Reconnector(self.policy, connect)
-        self.on_mode = on_mode
+        self.stats, self.links, self.workers = stats, links, workers
+        self.policy = links.policy
+        self.on_mode, self.cancel, self.ahead = on_mode, cancel, ahead
         self.eos = specialist.tokenizer.eos_ids
-        self.phrases = phrase_ids(specialist.tokenizer, params.meta_openings,
-                                  params.banned_phrases)
+        self.rules = make_rules(params, specialist.tokenizer)  # the text rules, composed once
         self.rng = np.random.default_rng(params.seed) if params.temperature > 0 else None
         self.out: list[int] = []
         self.remote: Iterator[tuple[int, str]] | None = None
@@ -154,7 +150,6 @@ class _Generation:
             policy=params.leak_guard, n=params.leak_guard_n,
         )
         self.held = False  # the leak guard stopped collaboration for the rest of the generation
-        self.looping = False  # `params.loop_end_ngram` saw the output go round
 
     def run(self, link: CompanionLink | None) -> Iterator[TokenEvent]:
         try:
@@ -182,9 +177,9 @@ class _Generation:
             raise GenerationCancelled("generation cancelled")
         warm = self._warm_start_wanted(link)
         if warm:
-            self.warming = BackgroundPrefill(self.local, self.cancel)
+            self.warming = BackgroundPrefill(self.local, self.cancel, self.workers)
         elif self._overlap_wanted(link):
-            self.prefilling = BackgroundPrefill(self.local, self.cancel)
+            self.prefilling = BackgroundPrefill(self.local, self.cancel, self.workers)
         elif params.method != "llm":  # the LLM baseline needs the Specialist only offline
             self.local.prefill(self.cancel)
             stats.prefill_s += time.perf_counter() - self.started
@@ -246,18 +241,9 @@ class _Generation:
             yield self._emit(token, provenance)
             if token in self.eos:
                 return
-            if self._loop_ends(token):
+            if self.rules.ends(self.out):  # `params.loop_end_ngram`
                 stats.loop_ended = True
                 return
-
-    def _loop_ends(self, token: int) -> bool:
-        """`params.loop_end_ngram`: the output has gone round and `token` ends a sentence."""
-        n = self.params.loop_end_ngram
-        if not n:
-            return False
-        self.looping = self.looping or steer.loops(self.out, n)
-        return self.looping and bool(_SENTENCE_END.search(
-            self.specialist.tokenizer.decode([token])))
 
     def _go_remote(self, link: CompanionLink) -> None:
         """Collaborate over `link` from here: the public prompt plus every token so far."""
@@ -274,19 +260,15 @@ class _Generation:
         LLM baseline (Generalist rows only; the device's track is not touched)."""
         method = "llm" if warm else self.params.method
         done = len(self.out)
-        left = replace(
-            self.params,
-            method=method,
-            max_new_tokens=self.params.max_new_tokens - done,
-            min_new_tokens=max(0, self.params.min_new_tokens - done),
-            end_release_after=max(0, self.params.release_after - done),
-        )
+        # the rules see the whole output (`self.rules`): only the budget left changes
+        left = replace(self.params, method=method,
+                       max_new_tokens=self.params.max_new_tokens - done)
         if warm or done:  # the draft made ahead starts right after the prompt
             self._drop_ahead()
         ahead, self.ahead = self.ahead, None
         self.remote = collaborate(
             self.specialist, self.local, list(self.prompt.public_ids), list(self.out), left, link,
-            self.stats, self.rng, self.guard, self.next_round, ahead, phrases=self.phrases,
+            self.stats, self.rng, self.guard, self.next_round, ahead, rules=self.rules,
             ready=self._session_ready,
         )
 
@@ -417,17 +399,14 @@ class _Generation:
             for link in links:
                 link.close()
         elif links:
-            closer = threading.Thread(target=lambda: [link.close() for link in links],
-                                      name="specsteer-close", daemon=True)
-            closer.start()
+            closer = self.workers.start(lambda: [link.close() for link in links],
+                                        "specsteer-close")
             closer.join(CLOSE_GRACE_S)
 
     def _local_token(self) -> int:
         """The Specialist alone (local methods, offline-degraded mode): one round per token."""
         t0 = time.perf_counter()
-        row = self.local.row
-        row = steer.forbid(row, bans(self.params, self.eos, len(self.out), self.out, row,
-                                     phrases=self.phrases))
+        row = self.rules.forbid(self.out, self.local.row)
         token = choose(row, self.params.temperature, self.rng)
         if token not in self.eos:
             self.local.push(token)
@@ -437,7 +416,7 @@ class _Generation:
 
     def _emit(self, token: int, provenance: str) -> TokenEvent:
         self.out.append(token)
-        self.stats.tokens += 1
+        self.stats.tokens += token not in self.eos
         if self.stats.first_token_s is None:
             self.stats.first_token_s = time.perf_counter() - self.started
         return TokenEvent(token, provenance, self.stats.rounds)

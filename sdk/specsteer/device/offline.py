@@ -4,15 +4,15 @@ It covers what may come back by itself (a refused connection, a timeout, a dropp
 companion at its limits), never `CompanionRefused` (a wrong token, other models, another
 protocol version, a certificate that does not verify): those are raised at once in every mode.
 
-`Reconnector` holds the policy and its backoff; a probe runs `connect` on a thread of its own,
-so a stalled companion never freezes the token stream.
+`Reconnector` holds the policy and its backoff; a probe runs `connect` on a thread of its own
+(one of the owner's `Workers`, which the Client joins when it closes), so a stalled companion
+never freezes the token stream.
 """
 
 from __future__ import annotations
 
 import contextlib
 import math
-import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -26,6 +26,7 @@ from specsteer.errors import (
     ProtocolError,
 )
 from specsteer.link import CompanionLink
+from specsteer.workers import Workers
 
 # what the policy handles; `CompanionRefused` (a subclass of some of them) is caught first and
 # raised
@@ -75,9 +76,11 @@ class ModeChange:
 class Reconnector:
     """Connections to the companion under an `OfflinePolicy`, with exponential backoff."""
 
-    def __init__(self, policy: OfflinePolicy, connect: Callable[[], CompanionLink] | None) -> None:
+    def __init__(self, policy: OfflinePolicy, connect: Callable[[], CompanionLink] | None,
+                 workers: Workers) -> None:
         self.policy = policy
         self.connect_fn = connect
+        self.workers = workers
         self.retry_in = policy.first_retry_s
         self.next_retry = 0.0
         self.probe: Future[CompanionLink] | None = None
@@ -138,7 +141,7 @@ class Reconnector:
             except BaseException as exc:  # delivered to the decoding loop through the future
                 future.set_exception(exc)
 
-        threading.Thread(target=run, name="specsteer-reconnect", daemon=True).start()
+        self.workers.start(run, "specsteer-reconnect")
         return future
 
     def close(self) -> None:

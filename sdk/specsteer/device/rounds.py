@@ -14,22 +14,24 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import replace
 
 import numpy as np
 
 from specsteer import steer
-from specsteer.device.drafting import NO_PHRASES, Drafted, bans, budget, draft
+from specsteer.device.drafting import Drafted, budget, draft
 from specsteer.device.events import DecodeStats
 from specsteer.device.leak_guard import LeakGuard, LeakHeld, best_allowed
+from specsteer.device.rules import Rules, forbid, without
 from specsteer.draft_length import DraftLength
 from specsteer.link import CompanionLink
-from specsteer.meta_answers import PhraseIds
 from specsteer.protocol import HelloOk, Mode, SessionSettings, Verdict
 from specsteer.runtime.base import LanguageModel
 from specsteer.runtime.track import Track
 from specsteer.settings import Params
 
 MODES = {"speculative": Mode.SPECULATIVE, "specsteer": Mode.SPECSTEER}  # others: Mode.ROWS
+_ANY = Params()  # the budget fields' defaults, in a draft's key (`first_draft_key`)
 
 
 def s0_placed_on_device(params: Params, hello_ok: HelloOk | None) -> bool:
@@ -41,25 +43,27 @@ def s0_placed_on_device(params: Params, hello_ok: HelloOk | None) -> bool:
 
 
 def first_draft_key(params: Params) -> tuple[object, ...] | None:
-    """What the first round's draft depends on besides the private prompt (None: it cannot
-    be made ahead: sampling, or a method that does not draft)."""
+    """What the first round's draft depends on besides the private prompt: the settings the
+    device reads (`Params.device_view`: a rule added to `Params` counts without being named
+    here), with the length budget as the draft sees it (its size, and where an end-of-text may
+    be held) so that only the budget left after it may differ. None: it cannot be made ahead
+    (sampling, or a method that does not draft)."""
     if params.temperature > 0 or params.method not in MODES:
         return None
-    size = budget(params, params.k, 0)  # end-of-text is banned at the positions below:
-    return (size, min(params.min_new_tokens, size), min(params.release_after, size),
-            params.end_release, params.no_repeat_ngram, params.loop_ngram, params.meta_openings,
-            params.banned_phrases)
+    size = budget(params, params.k, 0)
+    held = tuple((p < params.min_new_tokens, p < params.release_after) for p in range(size))
+    rest = replace(params.device_view(), max_new_tokens=_ANY.max_new_tokens,
+                   min_new_tokens=_ANY.min_new_tokens, end_release_from=_ANY.end_release_from)
+    return size, held, rest
 
 
-def first_draft(local: Track, params: Params, eos: frozenset[int],
-                stop: Callable[[], bool] | None = None,
-                phrases: PhraseIds = NO_PHRASES) -> Drafted:
+def first_draft(local: Track, params: Params, rules: Rules,
+                stop: Callable[[], bool] | None = None) -> Drafted:
     """The first round's draft, made ahead of the request (`Client.prepare`): exactly what
-    `SteeredRounds` drafts first (greedy); `stop` may cut it short, the round finishes it.
-    `phrases`: the banned phrases' ids (`meta_answers.phrase_ids`)."""
-    return draft(local, budget(params, params.k, 0), 0.0, None, eos, stop=stop,
-                 banned=lambda drafted, row: bans(params, eos, len(drafted), list(drafted), row,
-                                                  phrases=phrases))
+    `SteeredRounds` drafts first (greedy, under the generation's `rules`); `stop` may cut it
+    short, the round finishes it."""
+    return draft(local, budget(params, params.k, 0), 0.0, None, rules.eos, stop=stop,
+                 rules=rules)
 
 
 def session_settings(params: Params, link: CompanionLink) -> SessionSettings:
@@ -82,7 +86,7 @@ def collaborate(
     round_: int = 0,
     ahead: Drafted | None = None,
     *,
-    phrases: PhraseIds,
+    rules: Rules,
     ready: Callable[[], None] | None = None,
 ) -> Iterator[tuple[int, str]]:
     """Open a session over the public prompt and yield (token, provenance) from its rounds.
@@ -95,9 +99,10 @@ def collaborate(
     `LeakHeld` under "hold"); the per-token baselines are not guarded. A session `link`
     already holds unused over this prompt and settings (`Client.prepare`) is used as it is;
     any other one is replaced. `ahead`: the first round's draft, made ahead (`first_draft`:
-    `local` holds the prompt plus its tokens). `phrases`: the banned phrases' ids
-    (`meta_answers.phrase_ids`, made once per generation). `ready`: called once the session is
-    open, before `local` is first used (a prefill running beside the opening ends there).
+    `local` holds the prompt plus its tokens). `rules`: the generation's text rules
+    (`device.rules`), which see the whole output (`committed` and what follows). `ready`:
+    called once the session is open, before `local` is first used (a prefill running beside
+    the opening ends there).
     """
     settings = session_settings(params, link)
     mode, s0_here = settings.mode, settings.s0_on_device
@@ -111,8 +116,7 @@ def collaborate(
         ready()
     public_ids = [*public_prompt, *committed]
     if mode is Mode.ROWS:
-        yield from row_tokens(local, params, link, stats, rng, specialist.tokenizer.eos_ids,
-                              phrases, committed)
+        yield from row_tokens(local, params, link, stats, rng, rules, committed)
         return
     if ahead is not None:  # a resume later in the generation keeps the count of its start
         stats.drafted_ahead = len(ahead.tokens)
@@ -120,7 +124,7 @@ def collaborate(
         if s0_here else None
     yield from SteeredRounds(
         specialist, local, s0, params, link, stats, rng, mode, guard=guard, written=committed,
-        ahead=ahead, phrases=phrases,
+        ahead=ahead, rules=rules,
     ).tokens()
 
 
@@ -146,12 +150,12 @@ class SteeredRounds:
         guard: LeakGuard | None = None,
         written: list[int] | None = None,
         ahead: Drafted | None = None,
-        phrases: PhraseIds,
+        rules: Rules,
     ) -> None:
         self.local, self.s0, self.params, self.link = local, s0, params, link
         self.stats, self.rng, self.mode = stats, rng, mode
         self.eos = specialist.tokenizer.eos_ids
-        self.phrases = phrases
+        self.rules = rules
         self.pipeline = params.pipeline and params.temperature <= 0
         self.sizer = DraftLength(params.k, 1, params.k_max, self.pipeline) \
             if params.adaptive_k else None
@@ -205,7 +209,7 @@ class SteeredRounds:
         self.withheld = None
         context = [*self.text, *drafted[:n]]
         token = self._recover(verdict, current.rows[n], s0_row, context,
-                              withheld, self._bans(self.produced + n, context, current.rows[n]))
+                              withheld, self.rules.banned(context, current.rows[n]))
         bet_won = None if self.ahead is None else n == len(drafted) and token == guess
         if self.sizer is not None and self.mode is Mode.SPECSTEER:
             self.k = self.sizer.observe(
@@ -220,7 +224,6 @@ class SteeredRounds:
         if self.s0 is not None and s0_rows is not None and self.ahead_s0 is None:
             self.s0.keep(s0_base + off + n, s0_rows[off + n])
         stats.device_s += time.perf_counter() - t1
-        stats.wait_s = self.link.stats.wait_s
         emitted = [(t, "draft") for t in drafted[:n]]
         emitted.append((token, "bonus" if n == len(drafted) else "recovered"))
         self.produced += len(emitted)
@@ -232,20 +235,19 @@ class SteeredRounds:
         """This round's draft: the won bet, finished to full length, or a fresh one."""
         params = self.params
         size = budget(params, self.k, self.produced)
-        banned = self._bans_after(self.produced, self.text)
         if self.ahead is None:
             if self.committed:
                 self.local.push(self.committed[-1])
             return draft(
-                self.local, size, params.temperature, self.rng, self.eos, banned=banned,
-                cancel=self.link.cancel,
+                self.local, size, params.temperature, self.rng, self.eos, rules=self.rules,
+                written=self.text, cancel=self.link.cancel,
             )
         current, self.ahead = self.ahead, None
         # the bet was cut short when the verdict landed: finish it, so that a round's draft
         # (where its bonus falls, so the text) never depends on timing
         cut = len(current.tokens)
         draft(self.local, size, params.temperature, self.rng, self.eos, into=current,
-              banned=banned, cancel=self.link.cancel)
+              rules=self.rules, written=self.text, cancel=self.link.cancel)
         if self.ahead_s0 is not None and len(current.tokens) > cut:
             assert self.s0 is not None
             extra = self.s0.extend(current.tokens[cut:])[1:]
@@ -305,8 +307,7 @@ class SteeredRounds:
         if not (self.pipeline and drafted and drafted[-1] not in self.eos):
             return None
         after = self.produced + len(drafted)
-        guess = int(np.argmax(steer.forbid(
-            current.rows[-1], self._bans(after, [*self.text, *drafted], current.rows[-1]))))
+        guess = int(np.argmax(self.rules.forbid([*self.text, *drafted], current.rows[-1])))
         size = budget(self.params, self.k, after + 1)
         if guess in self.eos or size <= 0:
             return guess
@@ -314,23 +315,13 @@ class SteeredRounds:
         # stop betting as soon as the verdict is in: waiting on it is the hot path
         self.ahead = draft(
             self.local, size, self.params.temperature, self.rng, self.eos,
-            stop=self.link.reply_ready,
-            banned=self._bans_after(after + 1, [*self.text, *drafted, guess]),
+            stop=self.link.reply_ready, rules=self.rules, written=[*self.text, *drafted, guess],
             cancel=self.link.cancel,
         )
         if self.s0 is not None and s0_rows is not None and not self.link.reply_ready():
             # same bet for P_S0: score [guess, *ahead] now, off the hot path
             self.ahead_s0 = self.s0.extend([guess, *self.ahead.tokens])
         return guess
-
-    def _bans(self, position: int, context: list[int], row: np.ndarray) -> frozenset[int]:
-        return bans(self.params, self.eos, position, context, row, phrases=self.phrases)
-
-    def _bans_after(
-        self, position: int, context: list[int]
-    ) -> Callable[[list[int], np.ndarray], frozenset[int]]:
-        """`_bans` for each next token of a draft that starts at `position` after `context`."""
-        return lambda drafted, row: self._bans(position + len(drafted), [*context, *drafted], row)
 
     def _recover(
         self,
@@ -355,12 +346,12 @@ class SteeredRounds:
             token = int(verdict.ids[0])
             if token not in banned:
                 return token
-            return int(np.argmax(steer.forbid(sc_row, banned)))
+            return int(np.argmax(forbid(sc_row, banned)))
         candidates = steer.SparseSteer(verdict.ids, verdict.values)
         if banned:
-            allowed = steer.without(candidates, banned)
+            allowed = without(candidates, banned)
             if allowed is None:
-                return int(np.argmax(steer.forbid(sc_row, banned)))
+                return int(np.argmax(forbid(sc_row, banned)))
             candidates = allowed
         logp_s0 = None if s0_row is None else steer.log_softmax(s0_row, params.temperature)
         scores = steer.fuse(
@@ -388,13 +379,11 @@ def row_tokens(
     link: CompanionLink,
     stats: DecodeStats,
     rng: np.random.Generator | None,
-    eos: frozenset[int],
-    phrases: PhraseIds,
+    rules: Rules,
     written: Sequence[int] = (),
 ) -> Iterator[tuple[int, str]]:
     """Per-token baselines: LLM alone, LightCoSteer and CoSteer over the companion's top-k row.
-    `written`: the output before this session (a resume); the rules see the whole output.
-    `phrases`: the banned phrases' ids (`meta_answers.phrase_ids`)."""
+    `written`: the output before this session (a resume); the `rules` see the whole output."""
     committed: list[int] = []
     committed_all: list[int] = []  # every token of this session: the minimum length counts them
     needs_local = params.method != "llm"
@@ -420,18 +409,15 @@ def row_tokens(
                 )
         # the model the token is picked from decides an early end: the Generalist alone, or
         # the Specialist (which sees the user's texts) for the steered baselines
-        banned = bans(params, eos, len(committed_all), [*written, *committed_all],
-                      *((logp_g, ids) if params.method == "llm" else (local.row,)),
-                      phrases=phrases)
-        if banned:
-            scores = np.where(np.isin(ids, list(banned)), -np.inf, scores)
+        banned = rules.banned([*written, *committed_all],
+                              *((logp_g, ids) if params.method == "llm" else (local.row,)))
+        scores = forbid(scores, banned, ids)
         token = steer.pick(ids, scores, params.temperature, rng) \
-            if np.isfinite(scores).any() else int(np.argmax(steer.forbid(local.row, banned)))
+            if np.isfinite(scores).any() else int(np.argmax(forbid(local.row, banned)))
         committed_all.append(token)
         stats.rounds += 1
         stats.device_s += time.perf_counter() - t1
-        stats.wait_s = link.stats.wait_s
         yield token, "generalist"
-        if token in eos:
+        if token in rules.eos:
             return
         committed = [token]

@@ -19,6 +19,7 @@ import time
 
 from specsteer.runtime.base import CancellableSession, LanguageModel
 from specsteer.runtime.track import Track
+from specsteer.workers import Workers
 
 # Multiply-adds per second one CPU core sustains in a device's prefill, per precision: round,
 # conservative figures measured per CPU second on the benchmark machine (Qwen2.5-0.5B, one
@@ -43,9 +44,11 @@ def estimated_prefill_s(model: LanguageModel, tokens: int) -> float:
 
 
 class BackgroundPrefill:
-    """`track.prefill()` running on a daemon thread; `join` re-raises what it raised."""
+    """`track.prefill()` running on a thread of `workers` (the generation's owner's: its Client
+    joins it; by default its own); `join` re-raises what it raised."""
 
-    def __init__(self, track: Track, cancel: threading.Event) -> None:
+    def __init__(self, track: Track, cancel: threading.Event,
+                 workers: Workers | None = None) -> None:
         self.track, self.cancel = track, cancel
         self.stop = threading.Event()  # set when the generation ends before the switch
         self.go = threading.Event()  # set by `start` (the first token is in), or at once
@@ -53,8 +56,7 @@ class BackgroundPrefill:
             self.go.set()
         self.seconds = 0.0
         self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, name="specsteer-prefill", daemon=True)
-        self._thread.start()
+        self._thread = (workers or Workers()).start(self._run, "specsteer-prefill")
 
     def _run(self) -> None:
         self.go.wait()

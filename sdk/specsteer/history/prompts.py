@@ -505,18 +505,7 @@ def build_prompt(
         raise ValueError(f"min_example_tokens must be >= 0, not {min_example_tokens}")
     fields = _query_fields(spec, query)
     request = spec.request(fields)
-    records: list[Record] = []
-    own: dict[str, str] = {}  # record id -> the user's own words of its body
-    ranked: list[str] = []
-    for hit in hits:
-        record = hit.record if isinstance(hit, Hit) else hit
-        if record.id in own or record.id in ranked:
-            continue
-        ranked.append(record.id)
-        text = spec.own_text(record.body)
-        if text.strip():
-            records.append(record)
-            own[record.id] = text
+    records, own, ranked = _own_words(spec, hits)
     length = length_policy(
         [spec.rewrites(fields)] if spec.rewrites is not None
         else [spec.own_text(spec.answer(record)) for record in records], count_tokens
@@ -529,6 +518,53 @@ def build_prompt(
             f"the {task} request alone counts {public} tokens, over max_prompt_tokens="
             f"{max_prompt_tokens}; raise the budget or shorten the query"
         )
+    entries = _fitted(records, own, renderer, max_prompt_tokens, per_record_tokens,
+                      min_example_tokens)
+    used = {record.id for record, _ in entries}
+    examples = tuple(renderer.examples(entries))
+    private_request = renderer.last(entries)
+    context = _transcript(examples)
+    return Prompt(
+        task=task,
+        request=request,
+        private_context=context,
+        with_context=f"{context}\n\nUser: {private_request}" if context else request,
+        system=system,
+        records=tuple(record.id for record, _ in entries),
+        truncated=tuple(record.id for record, text in entries if text != own[record.id]),
+        dropped=tuple(record_id for record_id in ranked if record_id not in used),
+        tokens=renderer.tokens(entries),
+        budget=max_prompt_tokens,
+        examples=examples,
+        private_request=private_request,
+        length=length if entries else None,
+    )
+
+
+def _own_words(spec: Task, hits: Sequence[Hit | Record]
+               ) -> tuple[list[Record], dict[str, str], list[str]]:
+    """The records in rank order that hold some of the user's own words, those words by record
+    id, and every record id in rank order (duplicates dropped)."""
+    records: list[Record] = []
+    own: dict[str, str] = {}  # record id -> the user's own words of its body
+    ranked: list[str] = []
+    for hit in hits:
+        record = hit.record if isinstance(hit, Hit) else hit
+        if record.id in own or record.id in ranked:
+            continue
+        ranked.append(record.id)
+        text = spec.own_text(record.body)
+        if text.strip():
+            records.append(record)
+            own[record.id] = text
+    return records, own, ranked
+
+
+def _fitted(records: list[Record], own: Mapping[str, str], renderer: _Renderer,
+            max_prompt_tokens: int, per_record_tokens: int | None,
+            min_example_tokens: int) -> list[tuple[Record, str]]:
+    """(record, body shown) of the records that fit the budget (`build_prompt` says how)."""
+    count_tokens = renderer.count
     while records and renderer.tokens([(r, "") for r in records]) > max_prompt_tokens:
         records.pop()
     while True:
@@ -559,25 +595,7 @@ def build_prompt(
         entries[largest] = (records[largest], body(largest))
     while entries and renderer.tokens(entries) > max_prompt_tokens:
         entries.pop()
-    used = {record.id for record, _ in entries}
-    examples = tuple(renderer.examples(entries))
-    private_request = renderer.last(entries)
-    context = _transcript(examples)
-    return Prompt(
-        task=task,
-        request=request,
-        private_context=context,
-        with_context=f"{context}\n\nUser: {private_request}" if context else request,
-        system=system,
-        records=tuple(record.id for record, _ in entries),
-        truncated=tuple(record.id for record, text in entries if text != own[record.id]),
-        dropped=tuple(record_id for record_id in ranked if record_id not in used),
-        tokens=renderer.tokens(entries),
-        budget=max_prompt_tokens,
-        examples=examples,
-        private_request=private_request,
-        length=length if entries else None,
-    )
+    return entries
 
 
 def retrieve(

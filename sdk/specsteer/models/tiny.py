@@ -23,7 +23,8 @@ from specsteer.models.logits_rows import prefill_macs, upgrade_folder
 from specsteer.models.manifest import write_manifest
 from specsteer.models.registry import home
 
-RECIPE_VERSION = 1
+# 2: manifests carry prefill_macs_per_token (the warm-start estimate reads it)
+RECIPE_VERSION = 2
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 _CORPUS = """\
 Dear team, thank you for the meeting notes. I will send the revised draft of the report by

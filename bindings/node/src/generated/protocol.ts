@@ -175,64 +175,101 @@ export interface GenerationRequest {
   prefix?: string;
 }
 /**
- * The decoding options of generate; prepare takes them too, so that what it makes ahead (the first round's draft, the companion session) is what the generate with the same options uses. A part of their params (allOf), which close the object with unevaluatedProperties.
+ * The decoding options of generate; prepare takes them too, so that what it makes ahead (the first round's draft, the companion session) is what the generate with the same options uses. A part of their params (allOf), which close the object with unevaluatedProperties. Generated from the SDK's option registry (Params).
  */
 export interface DecodingOptions {
+  /**
+   * a preset's settings, explicit options on top: default (gamma 0.5), fast (gamma 0.1, top_k 32), strict (gamma 1)
+   */
   preset?: "default" | "fast" | "strict";
-  method?: "specsteer" | "slm" | "slm_rag" | "llm" | "speculative" | "light_costeer" | "costeer";
-  max_new_tokens?: number;
-  temperature?: number;
+  /**
+   * the decoding method: SpecSteer, or a baseline (slm / slm_rag: the Specialist alone without / with the history; llm: the Generalist alone; speculative: classic speculative decoding; light_costeer, costeer)
+   */
+  method?: "slm" | "slm_rag" | "llm" | "speculative" | "light_costeer" | "costeer" | "specsteer";
+  /**
+   * verification threshold of the ratio test P_G >= gamma * P_S0: 1 strict, 0.5 the default, 0.1 fast (more drafts accepted)
+   */
   gamma?: number;
+  /**
+   * steering strength of the private term (the user's history) in the fusion
+   */
   alpha?: number;
+  /**
+   * tokens drafted per round (the paper's K; the first K with adaptive_k)
+   */
   k?: number;
-  adaptive_k?: boolean;
+  /**
+   * candidates the companion sends for a recovered or bonus token (preset fast: 32, fewer bytes)
+   */
   top_k?: number;
+  /**
+   * nucleus cut of the candidates: the fewest best ones holding this share of the Generalist's probability (fewer bytes; 1: all top_k)
+   */
   top_p?: number;
-  seed?: number;
   /**
-   * never repeat an n-gram of this length in the output (a device-only rule that stops greedy decoding from looping); default 8 (the SDK's), 0 is off, otherwise at least 2
+   * 0: greedy; above 0: sample at this temperature (seeded by seed)
    */
-  no_repeat_ngram?: number;
+  temperature?: number;
   /**
-   * never write an n-gram of this length a third time (paraphrase loops; a device-only rule); 0 (the default) is off, otherwise at least 2; measured at 4 it ends loops but models respell words to get past it (docs/BENCHMARKS.md)
+   * the most tokens written (the user's usual length for the task caps it further: Client's user_length)
    */
-  loop_ngram?: number;
+  max_new_tokens?: number;
   /**
-   * end the text at the first sentence end after an n-gram of this length came a third time (paraphrase loops; a device-only rule that bans nothing, so nothing is respelled); 0 (the default) is off, otherwise at least 2; stats.loop_ended says when it did
-   */
-  loop_end_ngram?: number;
-  /**
-   * what a draft that copies private history verbatim does: allow (sent, counted; the default), redact (cut from the draft), hold (the rest is written on the device alone); the counts are in stats.leak_flagged / leak_redacted / leak_held
-   */
-  leak_guard?: "allow" | "redact" | "hold";
-  /**
-   * before the user's minimum length an end-of-text still stands when the deciding model gives it more than this probability (default 0.5; 1: always held back, the text is padded to the minimum)
+   * before min_new_tokens an end-of-text still stands when the deciding model (the Specialist, which sees the user's texts; the Generalist for the LLM alone) gives it more than this probability, so a finished letter ends instead of growing filler (1: always held back)
    */
   end_release?: number;
   /**
-   * phrases the text may not open with (meta answers such as "I'm sorry, but I can't …"); default: the SDK's English list (specsteer.meta_answers); [] turns the rule off; give your own for another language
+   * ...but only from this share of min_new_tokens on: an end before it is held back whatever the model says (a text that short is a title or a one-liner; 0: anywhere below the minimum)
+   */
+  end_release_from?: number;
+  /**
+   * never repeat an n-gram of this length of the output itself (stops the verbatim loops of greedy small models; the prompt's n-grams stay free)
+   */
+  no_repeat_ngram?: number;
+  /**
+   * never write an n-gram of this length a third time (paraphrase loops; measured at 4 it ends them but the models respell words to get past it: docs/BENCHMARKS.md, "Sixth pass")
+   */
+  loop_ngram?: number;
+  /**
+   * end the text at the next sentence end once an n-gram of this length came a third time (nothing is banned, so nothing is respelled; stats.loop_ended; measured: -0.68 ROUGE-1 for SpecSteer at 6 on 20 senders, so off: "Seventh pass")
+   */
+  loop_end_ngram?: number;
+  /**
+   * phrases the text may not open with: meta answers ("I'm sorry, but I can't assist", "As an AI"; English: specsteer.meta_answers; an app writing in another language gives its own); empty: off
    *
    * @maxItems 64
    */
   meta_openings?: string[];
   /**
-   * phrases of an assistant's voice the text may not open with unless the user's own retrieved texts use them ("I'm glad you found …", "I hope this post finds you well"); decided on the device; default: the SDK's English list (specsteer.meta_answers.ASSISTANT_OPENINGS); [] turns the rule off
+   * a chat assistant's openings ("I'm glad you found", "I hope this post finds you well", "Dear ["), banned too unless the user's own retrieved texts use them (decided on the device: Params.for_user); empty: off
    *
    * @maxItems 64
    */
   assistant_openings?: string[];
   /**
-   * phrases the text may not contain anywhere (the token that would complete one is never chosen); default: none
+   * phrases the text may never contain, anywhere (the app's own; the token that would complete one is never chosen)
    *
    * @maxItems 64
    */
   banned_phrases?: string[];
   /**
-   * phrases of an assistant's voice the text may not contain anywhere unless the user's own retrieved texts use them ("As an AI", "feel free to ask", "**" for markdown bold); decided on the device; default: the SDK's English list (specsteer.meta_answers.ASSISTANT_PHRASES); [] turns the rule off
+   * the assistant's voice anywhere in the text ("As an AI", "feel free to ask", markdown bold, code fences), banned unless the user's retrieved texts use it (Params.for_user); empty: off
    *
    * @maxItems 64
    */
   assistant_phrases?: string[];
+  /**
+   * seed of the sampling (temperature > 0), on both sides
+   */
+  seed?: number;
+  /**
+   * choose K each round in 1..k_max from the measured acceptance, draft step and verdict latency (specsteer/draft_length.py; starts at k)
+   */
+  adaptive_k?: boolean;
+  /**
+   * what a draft that copies private history does: hold (the default: nothing of the copy, nor after it, is sent; the rest is written on the device alone), redact (cut from the draft), allow (sent, counted; warns PrivateDraftsWarning); the counts are in stats.leak_flagged / leak_redacted / leak_held (docs/companion-security.md; the default measured: docs/BENCHMARKS.md, "Leak guard", run 6)
+   */
+  leak_guard?: "allow" | "redact" | "hold";
 }
 export interface GenerateResult {
   text: string;
@@ -240,67 +277,170 @@ export interface GenerateResult {
   finish_reason: FinishReason;
   stats: GenerationStats | null;
 }
+/**
+ * What one generation cost, as the device measured it (generated from GenerationStats).
+ */
 export interface GenerationStats {
-  method: string;
-  tokens: number;
+  /**
+   * rounds: collaborative rounds, or tokens decided one at a time
+   */
   rounds: number;
-  drafted?: number;
-  accepted?: number;
-  acceptance_rate?: number;
-  total_s?: number;
-  tokens_per_s?: number;
-  first_token_s?: number | null;
-  retrieval_s?: number;
-  prefill_s?: number;
-  device_s?: number;
-  wait_s?: number;
-  bytes_up: number;
-  bytes_down: number;
-  bytes_per_token?: number;
+  /**
+   * tokens the Specialist drafted and sent for verification
+   */
+  drafted: number;
+  /**
+   * drafted tokens the companion accepted
+   */
+  accepted: number;
+  /**
+   * tokens written (an end-of-text is not counted)
+   */
+  tokens: number;
+  /**
+   * seconds the device spent prefilling its private prompt
+   */
+  prefill_s: number;
+  /**
+   * seconds of device compute after the prefill (drafts, fusion)
+   */
+  device_s: number;
+  /**
+   * seconds from the start of decoding to the first token (None: no token)
+   */
+  first_token_s: number | null;
+  /**
+   * the companion was lost and the device went on alone
+   */
   degraded: boolean;
-  offline_reason?: string | null;
-  reconnects?: number;
-  pipelined?: number;
-  records?: string[];
-  truncated?: string[];
-  prefill_reused?: number;
-  prefill_tokens?: number;
   /**
-   * tokens of the prompt the Specialist read (the private prompt; the public one for the slm method): the OpenAI endpoint's usage.prompt_tokens
+   * why the generation went local, when it did
    */
-  prompt_tokens?: number;
-  warm_tokens?: number;
+  offline_reason: string | null;
   /**
-   * the companion session prepare opened ahead was used as it was (prepared with the generate's decoding options)
+   * times collaboration resumed after the companion came back
    */
-  session_reused?: boolean;
+  reconnects: number;
   /**
-   * tokens of the first round's draft prepare made after its prefill (greedy drafting with the generate's draft settings)
+   * dropped links replaced at once by a session resumed on a fresh one (no local token in between)
    */
-  drafted_ahead?: number;
-  switch_s?: number | null;
+  resyncs: number;
   /**
-   * seconds from the start until the companion held the session (hello, its prefill of the public prompt); a cold start's private prefill runs beside it
+   * rounds drafted while the previous round was being verified
    */
-  session_ready_s?: number | null;
-  cancelled?: boolean;
+  pipelined: number;
+  /**
+   * the caller's cancel event stopped the generation
+   */
+  cancelled: boolean;
   /**
    * loop_end_ngram ended a looping text at a sentence end
    */
-  loop_ended?: boolean;
+  loop_ended: boolean;
+  /**
+   * Generalist tokens written during a warm start, before the switch to Draft-Verify-Recover
+   */
+  warm_tokens: number;
+  /**
+   * seconds from the start until Draft-Verify-Recover took over from a warm start (None: no warm start)
+   */
+  switch_s: number | null;
+  /**
+   * seconds from the start until the companion held the session (hello, its prefill of the public prompt; a cold start's private prefill runs beside them)
+   */
+  session_ready_s: number | null;
+  /**
+   * the companion session prepare opened ahead was used as it was (prepared with the generate's decoding options)
+   */
+  session_reused: boolean;
+  /**
+   * tokens of the first round's draft prepare made after its prefill (greedy drafting with the generate's draft settings)
+   */
+  drafted_ahead: number;
+  /**
+   * drafts accepted in each round, in order
+   */
+  accept_lengths: number[];
   /**
    * private spans the leak guard found in what was about to leave
    */
-  leak_flagged?: number;
+  leak_flagged: number;
   /**
-   * drafted tokens the leak guard cut (leak_guard redact)
+   * drafted tokens the leak guard cut or picks it turned away (leak_guard redact)
    */
-  leak_redacted?: number;
+  leak_redacted: number;
   /**
    * tokens written on the device alone after the leak guard held (leak_guard hold)
    */
-  leak_held?: number;
-  [k: string]: unknown;
+  leak_held: number;
+  /**
+   * bytes sent to the companion (frames as they travel)
+   */
+  bytes_up: number;
+  /**
+   * bytes received from the companion
+   */
+  bytes_down: number;
+  /**
+   * frames sent to the companion
+   */
+  frames_up: number;
+  /**
+   * frames received from the companion
+   */
+  frames_down: number;
+  /**
+   * seconds waited for the companion: its compute and the network, as measured on the device
+   */
+  wait_s: number;
+  /**
+   * replies waited for from the companion (hello, session, rounds)
+   */
+  requests: number;
+  /**
+   * the decoding method
+   */
+  method: string;
+  /**
+   * seconds spent retrieving the history records
+   */
+  retrieval_s: number;
+  /**
+   * seconds from the request to the last token
+   */
+  total_s: number;
+  /**
+   * private prompt tokens whose state prepare or an earlier generation had already computed (exact rewind)
+   */
+  prefill_reused: number;
+  /**
+   * private prompt tokens this generation prefilled itself
+   */
+  prefill_tokens: number;
+  /**
+   * tokens of the prompt the Specialist read (the private one; the public one for the SLM baseline): the OpenAI usage.prompt_tokens
+   */
+  prompt_tokens: number;
+  /**
+   * ids of the history records in the private prompt
+   */
+  records: string[];
+  /**
+   * ids of the records cut to fit the prompt budget
+   */
+  truncated: string[];
+  /**
+   * accepted / drafted tokens (0 with no draft)
+   */
+  acceptance_rate: number;
+  /**
+   * tokens / total_s
+   */
+  tokens_per_s: number;
+  /**
+   * (bytes_up + bytes_down) / tokens
+   */
+  bytes_per_token: number;
 }
 export interface HistoryAddParams {
   kind: string;

@@ -10,8 +10,8 @@ it (what survives any boundary merge).
 from __future__ import annotations
 
 import numpy as np
-from ci import skip_or_fail  # noqa: F401 - privacy tests never skip silently in CI
 
+from helpers.ci import skip_or_fail  # noqa: F401 - privacy tests never skip silently in CI
 from specsteer import protocol, steer
 from specsteer.tokenizer import Tokenizer
 from specsteer_companion.cross import alignment as al
