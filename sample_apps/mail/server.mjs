@@ -80,10 +80,10 @@ if (opts.help) {
 const specsteerHome = process.env.SPECSTEER_HOME || join(homedir(), ".cache", "specsteer");
 const historyPath = opts.history || join(specsteerHome, "apps", "mail.db");
 const inbox = JSON.parse(readFileSync(join(DATA, "inbox.json"), "utf8"));
-const LEAK_GUARDS = ["allow", "redact", "hold"]; // the bridge's leak_guard; the SDK's default: allow
+const LEAK_GUARDS = ["allow", "redact", "hold"]; // the bridge's leak_guard; the SDK's default: hold
 // never repeat an 8-gram of a draft: greedy decoding otherwise loops on one sentence
 const NO_REPEAT_NGRAM = 8;
-const settings = { companion: opts.companion, token: opts.token, preset: opts.preset, leak_guard: "allow" };
+const settings = { companion: opts.companion, token: opts.token, preset: opts.preset, leak_guard: "hold" };
 const maxNewTokens = Number(opts["max-new-tokens"]) || (opts.tiny ? 200 : 160);
 // paces the stream for reading: the tiny models write far faster than anyone reads
 const minTokenMs = opts["min-token-ms"] !== "" ? Number(opts["min-token-ms"]) : (opts.tiny ? 25 : 0);
