@@ -15,7 +15,16 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from helpers.apps import REPO, check_widths, public_request, python_app, screenshot, start_app
+from helpers.apps import (
+    REPO,
+    check_widths,
+    choose_leak_guard,
+    leak_guard_line,
+    public_request,
+    python_app,
+    screenshot,
+    start_app,
+)
 from helpers.apps import companion_behind_proxy as proxied
 from helpers.ci import skip_or_fail
 
@@ -55,6 +64,15 @@ def _tokens(page) -> tuple[str, set[str]]:
     return "".join(tokens.all_text_contents()), provenance
 
 
+def _steered_or_held(page, provenance: set[str]) -> None:
+    """The companion steered the text; a token written on the device alone is one the leak
+    guard (the apps' default, hold) kept there, as the privacy panel says."""
+    assert provenance & {"draft", "recovered", "bonus"}, provenance
+    policy, _, _, kept = leak_guard_line(page)
+    assert policy == "hold"
+    assert ("local" in provenance) == (kept > 0), (provenance, kept)
+
+
 def test_notes_on_the_real_pair(browser, companion_behind_proxy, tmp_path: Path) -> None:
     proxy = companion_behind_proxy
     proc, url = start_app(
@@ -84,7 +102,7 @@ def test_notes_on_the_real_pair(browser, companion_behind_proxy, tmp_path: Path)
         reused, total = map(int, prefilled.groups())
         assert total - 3 <= reused <= total, state
         text, provenance = _tokens(page)
-        assert provenance & {"draft", "recovered", "bonus"} and "local" not in provenance
+        _steered_or_held(page, provenance)
         print(f"\ncontinuation of the note on the real pair: {text!r}")
         assert len(text.split()) >= 10
         # it goes on from the note: not the title again, not the note's opening restated
@@ -103,7 +121,10 @@ def test_notes_on_the_real_pair(browser, companion_behind_proxy, tmp_path: Path)
         page.click("#accept")
         assert page.input_value("#body") == NOTE + text
 
-        # the companion lost and back inside one continuation
+        # the companion lost and back inside one continuation; under the default "hold" a
+        # continuation whose draft copies the persona's notes finishes on the device and never
+        # reconnects, so this part runs under "redact" (steering goes on past a copy)
+        choose_leak_guard(page, "redact")
         page.click("#continue")
         page.wait_for_function(f"{STEERED} >= 4", timeout=300000)
         proxy.set_online(False)
@@ -139,7 +160,7 @@ def test_mail_on_the_real_pair(browser, real_pair, node_client_built, tmp_path: 
         page.wait_for_selector("#draft:enabled", timeout=600000)
         text, provenance = _tokens(page)
         print(f"\nreply drafted on the real pair: {text!r}")
-        assert provenance & {"draft", "recovered", "bonus"} and "local" not in provenance
+        _steered_or_held(page, provenance)
         assert len(text.split()) >= 10
         assert public_request(page).endswith(REPLY)
         screenshot(page, "mail-privacy.png")
