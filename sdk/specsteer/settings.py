@@ -185,8 +185,8 @@ class Params:
     warm_start_min_s: float = option(
         4.0, "the estimated prefill time from which a warm start is used (0: whenever "
         "anything is left to prefill); below it the start is cold and the text is the user's "
-        "from its first word (docs/BENCHMARKS.md, Latency, run 5: there the cold start stays "
-        "within 1.2x the Generalist alone's first token)", minimum=0, surfaces=SDK_ONLY)
+        "from its first word (not yet backed by a measurement: docs/BENCHMARKS.md, Latency, "
+        "run 5)", minimum=0, surfaces=SDK_ONLY)
     leak_guard: str = option(
         "hold", "what a draft that copies private history does: hold (the default: nothing of "
         "the copy, nor after it, is sent; the rest is written on the device alone), redact "
