@@ -9,12 +9,14 @@ settings or the candidate selection that alters a single token or provenance fai
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 
 import pytest
 from helpers.real_models import real_model
 
 from specsteer.device import DevicePrompt, Params, decode
+from specsteer.errors import PrivateDraftsWarning
 from specsteer.link import CompanionLink
 from specsteer.models.tiny import tiny_model_dir
 from specsteer.runtime import load_model
@@ -30,8 +32,12 @@ def _generate(specialist, generalist, case: dict, max_new: int, pins: dict = PIN
               ) -> tuple[list[int], list[str]]:
     tok = specialist.tokenizer
     prompt = DevicePrompt(tok.encode(pins["private"]), tok.encode(pins["public"]))
-    # pins are the method's cold-start text; a warm start (timing-dependent) is pinned elsewhere
-    params = Params(max_new_tokens=max_new, warm_start=False, **case)
+    # pins are the method's cold-start text; a warm start (timing-dependent) is pinned elsewhere;
+    # and the method's own drafts: the leak guard (the default "hold" ends collaboration where a
+    # draft copies the private prompt) is tested on its own (test_leak_guard*.py)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", PrivateDraftsWarning)
+        params = Params(max_new_tokens=max_new, warm_start=False, leak_guard="allow", **case)
     link = None
     if params.collaborative:
         link = CompanionLink(LocalChannel.for_verifier(Verifier(generalist, specialist)))

@@ -25,8 +25,11 @@ def register(app: typer.Typer) -> None:
     app.command("demo")(demo_command)
 
 
-# 96 tokens: the persona's letter with its sign-off. The start is the Client's (see below).
-DEMO_DECODING = Params(max_new_tokens=96)
+# Cold by default: with a warm start the first ~17 tokens for the persona were the Generalist's
+# "Subject: Bulb Planting Day / Dear Growers, I hope this message finds you well" and the letter
+# went on in that template; cold, it opens "Hi," and signs as Wren (docs/BENCHMARKS.md, issue 14
+# second pass). 96 tokens: the persona's letter with its sign-off.
+DEMO_DECODING = Params(max_new_tokens=96, warm_start=False)
 
 
 @options.decoding(DEMO, base=DEMO_DECODING)
@@ -75,12 +78,8 @@ def demo_command(
             where = query.get("newsgroup") or query.get("to") or "?"
             console.print(f"[bold]Subject:[/bold] {query.get('subject')}  [dim]({where})[/dim]")
             console.print(legend())
-            # The Client's default start: cold unless the prefill is estimated at
-            # warm_start_min_s or more, so the letter is the sender's from its first word (a
-            # warm start's first ~17 tokens for the persona were the Generalist's "Subject: Bulb
-            # Planting Day / Dear Growers, I hope this message finds you well"; docs/BENCHMARKS.md,
-            # issue 14 second pass); the stats say where the wait went. --warm-start asks for one
-            # whatever the prefill is estimated at.
+            # --warm-start asks for one whatever the prefill is estimated at; the stats say
+            # where the wait went
             given = dict(decoding or {})
             if given.get("warm_start"):
                 given.setdefault("warm_start_min_s", 0.0)
