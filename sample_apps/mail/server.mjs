@@ -129,8 +129,12 @@ async function launchModels() {
 
 async function startBridge() {
   if (state.client) await state.client.close();
+  // how long the bridge waits for a companion reply before writing locally: the real pair's
+  // session opening prefills a reply's public prompt (the message answered) on both companion
+  // models, over 4 s on one core (measured: the reply then went all local); the tiny models
+  // answer in milliseconds, and the offline tests want the switch quickly
   const args = ["--specialist", state.specialist, "--history", historyPath, "--audit-frames",
-                "--timeout-s", "4"];
+                "--timeout-s", opts.tiny ? "4" : "30"];
   if (settings.companion) args.push("--companion", settings.companion);
   const { SpecSteerClient } = await import(CLIENT);
   const client = await SpecSteerClient.start({
