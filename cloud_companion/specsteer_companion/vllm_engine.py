@@ -175,7 +175,14 @@ class _EngineLoop:
         self.thread.start()
 
     def run(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+        """`coro`'s result; past `timeout` it is cancelled (the engine aborts a cancelled
+        request) and TimeoutError raised."""
+        future = asyncio.run_coroutine_threadsafe(coro, self.loop)
+        try:
+            return future.result(timeout)
+        except concurrent.futures.TimeoutError:
+            future.cancel()
+            raise TimeoutError from None
 
     def stop(self) -> None:
         self.loop.call_soon_threadsafe(self.loop.stop)
@@ -358,12 +365,10 @@ class VllmScoring:
             logprob_token_ids=list(logprob_ids) or None,
         )
         prompt = {"prompt_token_ids": tokens, "cache_salt": session.salt}
-        future = asyncio.run_coroutine_threadsafe(
-            self._generate(prompt, params, session.request_id()), self._loop.loop)
         try:
-            out = future.result(REQUEST_TIMEOUT_S)
-        except concurrent.futures.TimeoutError:
-            future.cancel()  # the engine aborts a cancelled request
+            out = self._loop.run(self._generate(prompt, params, session.request_id()),
+                                 REQUEST_TIMEOUT_S)
+        except TimeoutError:
             raise SessionError(f"the vLLM engine did not answer within {REQUEST_TIMEOUT_S:.0f} s"
                                ) from None
         cached = int(out.num_cached_tokens or 0)
@@ -398,12 +403,12 @@ class VllmScoring:
             p = held + j
             if p < computed_from or p >= len(prompt_lp) or prompt_lp[p] is None:
                 continue
-            entries = {int(t): float(v.logprob) for t, v in prompt_lp[p].items()}
+            entries = _logprobs(prompt_lp[p])
             taken[j] = entries[ids[j]]
             rows[j] = entries
         sample = out.outputs[0].logprobs
         if sample:
-            rows[len(ids)] = {int(t): float(v.logprob) for t, v in sample[0].items()}
+            rows[len(ids)] = _logprobs(sample[0])
         return rows, taken
 
     def row_logprobs(self, session: VllmSession, tokens: list[int], *, top_k: int,
@@ -412,14 +417,12 @@ class VllmScoring:
         found: dict[int, float] = {}
         if top_k > 0:
             out = self.request(session, tokens, "row", logprobs=top_k)
-            found.update({int(t): float(v.logprob)
-                          for t, v in out.outputs[0].logprobs[0].items()})
+            found.update(_logprobs(out.outputs[0].logprobs[0]))
         wanted = [i for i in ids if i not in found]
         for start in range(0, len(wanted), self.max_top_k):
             chunk = wanted[start:start + self.max_top_k]
             out = self.request(session, tokens, "row", logprob_ids=chunk)
-            found.update({int(t): float(v.logprob)
-                          for t, v in out.outputs[0].logprobs[0].items()})
+            found.update(_logprobs(out.outputs[0].logprobs[0]))
         return found
 
     def close(self) -> None:
@@ -434,6 +437,11 @@ class VllmScoring:
         finally:
             self._loop.stop()
         log.info("%s on vLLM: %s", self.name, self.stats)
+
+
+def _logprobs(position: dict[Any, Any]) -> dict[int, float]:
+    """{id: logp} of one position of vLLM's output (its `Logprob` objects)."""
+    return {int(t): float(v.logprob) for t, v in position.items()}
 
 
 def _eos_ids(config: dict) -> list[int]:

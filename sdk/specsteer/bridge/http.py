@@ -41,7 +41,6 @@ from specsteer.bridge.openai_api import (
     model_not_found,
     usage,
 )
-from specsteer.bridge.schemas import check_text_members
 
 log = logging.getLogger("specsteer.bridge.http")
 MAX_BODY_BYTES = 1 << 20
@@ -189,10 +188,6 @@ class _Handler(BaseHTTPRequestHandler):
                 body = json.loads(self.rfile.read(int(length)) or b"null")
             except ValueError as exc:
                 raise OpenAIError(400, f"the body is not JSON: {exc}", "invalid_json") from None
-            try:
-                check_text_members(body, "the body")
-            except BridgeError as exc:
-                raise OpenAIError(400, str(exc), "invalid_params") from None
             request = completion_request(body, self._model["id"])
             self._check_prompt(request.params)
         except OpenAIError as exc:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from specsteer.bridge.errors import BridgeError
-from specsteer.bridge.schemas import check_params
+from specsteer.bridge.schemas import check_params, check_text_members
 from specsteer.options import openai_fields
 from specsteer.settings import Params
 
@@ -69,6 +69,10 @@ def model_not_found(name: object) -> OpenAIError:
 
 def completion_request(body: Any, model_id: str) -> Completion:
     """A chat-completions body as generate params, or the OpenAIError it deserves."""
+    try:  # every string of it, params or not (model, roles): JSON escapes carry lone surrogates
+        check_text_members(body, "the body")
+    except BridgeError as exc:
+        raise OpenAIError(400, str(exc), "invalid_params") from None
     if not isinstance(body, dict):
         raise OpenAIError(400, "the body must be a JSON object", "invalid_body")
     given = {name: value for name, value in body.items() if value is not None}
