@@ -26,6 +26,7 @@ from typing import Any, NamedTuple
 from specsteer import protocol
 from specsteer.errors import CompanionConfigError, ProtocolError
 from specsteer.protocol import ErrorCode, Limits
+from specsteer_companion.cli_flags import flag
 from specsteer_companion.limits import (
     DEFAULT_BURST,
     DEFAULT_HELLO_TIMEOUT_S,
@@ -59,20 +60,33 @@ class ServerConfig:
     """Where a companion server listens and what it admits; the reason for each default is
     next to it in `limits`. The Ray ingress's section extends it (`ray_config`)."""
 
-    host: str = "127.0.0.1"  # loopback unless asked: the companion is a service, not a toy
-    port: int = 8765
+    host: str = field(default="127.0.0.1", metadata=flag(  # loopback unless asked
+        "--host", "Address to listen on"))
+    port: int = field(default=8765, metadata=flag("--port", "0 picks a free port"))
     workers: int = 2  # model threads of the single-process server; one per core on a small box
-    hello_timeout_s: float = DEFAULT_HELLO_TIMEOUT_S
-    idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S
-    max_connections: int = DEFAULT_MAX_CONNECTIONS
-    max_connections_per_address: int = DEFAULT_MAX_CONNECTIONS_PER_ADDRESS
-    max_unauthenticated: int = DEFAULT_MAX_UNAUTHENTICATED  # at most half of the total
-    max_sessions: int = DEFAULT_MAX_SESSIONS_TOTAL
-    max_sessions_per_identity: int = DEFAULT_MAX_SESSIONS_PER_TOKEN
-    requests_per_second: float = DEFAULT_RATE_PER_S  # per connection
-    burst: int = int(DEFAULT_BURST)
-    prefill_tokens_per_second: float = DEFAULT_PREFILL_TOKENS_PER_S  # per identity
-    prefill_burst: int = int(DEFAULT_PREFILL_BURST)
+    hello_timeout_s: float = field(default=DEFAULT_HELLO_TIMEOUT_S, metadata=flag(
+        "--hello-timeout", "Seconds from connecting to an accepted Hello", min=0.1))
+    idle_timeout_s: float = field(default=DEFAULT_IDLE_TIMEOUT_S, metadata=flag(
+        "--idle-timeout", "Seconds before an idle device is dropped"))
+    max_connections: int = field(default=DEFAULT_MAX_CONNECTIONS, metadata=flag(
+        "--max-connections", "Open connections in total (lowered to fit ulimit -n)", min=1))
+    max_connections_per_address: int = field(
+        default=DEFAULT_MAX_CONNECTIONS_PER_ADDRESS, metadata=flag(
+            "--max-connections-per-address", "Open connections from one IP address", min=1))
+    max_unauthenticated: int = field(default=DEFAULT_MAX_UNAUTHENTICATED, metadata=flag(
+        "--max-unauthenticated", "Connections not logged in yet (at most half the total; when "
+        "full, the oldest of the busiest address is closed)", min=1))
+    max_sessions: int = field(default=DEFAULT_MAX_SESSIONS_TOTAL, metadata=flag(
+        "--max-sessions", "Open sessions in total", min=1))
+    max_sessions_per_identity: int = DEFAULT_MAX_SESSIONS_PER_TOKEN  # a choice made in code
+    requests_per_second: float = field(default=DEFAULT_RATE_PER_S, metadata=flag(
+        "--rate", "Requests per second per connection", min=0.001))
+    burst: int = field(default=int(DEFAULT_BURST), metadata=flag(
+        "--burst", "Request burst per connection", min=1))
+    prefill_tokens_per_second: float = field(default=DEFAULT_PREFILL_TOKENS_PER_S, metadata=flag(
+        "--prefill-rate", "Prompt tokens per second per device token", min=0.001))
+    prefill_burst: int = field(default=int(DEFAULT_PREFILL_BURST), metadata=flag(
+        "--prefill-burst", "Prompt-token burst per device token", min=1))
     revocation_check_s: float = DEFAULT_REVOCATION_CHECK_S
     limits: Limits | None = None  # protocol bounds; None: `Limits()`
 

@@ -47,6 +47,7 @@ import numpy as np
 from specsteer.errors import ModelError, SessionError
 from specsteer.models.manifest import MANIFEST, folder_digest
 from specsteer.tokenizer import Tokenizer
+from specsteer_companion.cli_flags import flag
 
 log = logging.getLogger("specsteer_companion")
 T = TypeVar("T")
@@ -79,17 +80,30 @@ class VllmOptions:
     """How the companion starts its vLLM engine (`serve --generalist-engine vllm`)."""
 
     model: str  # an HF folder: `specsteer models export-hf NAME` writes one from the registry
-    dtype: str = "auto"  # the folder's own (export-hf states it); "bfloat16", "float32", ...
-    block_size: int | None = None  # KV block; None = 32 on a CPU, the engine's default on a GPU
-    max_logprobs: int = DEFAULT_MAX_LOGPROBS
-    max_model_len: int | None = None  # None = the model's context length
-    kv_cache_gib: float | None = None  # CPU: the KV cache's size (vLLM sizes it from RAM else)
-    gpu_memory_utilization: float | None = None  # GPU: share of the card's memory for vLLM
-    tensor_parallel_size: int = 1
-    max_num_seqs: int | None = None  # sessions' requests per engine step (engine default)
-    max_num_batched_tokens: int | None = None  # tokens per engine step (engine default)
-    eager: bool | None = None  # no torch.compile/CUDA graphs; None = eager on a CPU only
-    cpus: str | None = None  # CPU: cores the engine's threads use ("0", "0-3"; default: auto)
+    dtype: str = field(default="auto", metadata=flag(  # export-hf states the folder's
+        "--engine-dtype", "vLLM: weight dtype (auto: the folder's)"))
+    block_size: int | None = field(default=None, metadata=flag(
+        "--engine-block-size", "vLLM: KV block size (default 32 on a CPU)"))
+    max_logprobs: int = field(default=DEFAULT_MAX_LOGPROBS, metadata=flag(
+        "--engine-max-logprobs", "vLLM: most candidates a verdict may carry (top_k)", min=1))
+    max_model_len: int | None = field(default=None, metadata=flag(
+        "--engine-max-model-len", "vLLM: longest session in tokens (default: the model's "
+        "context length)"))
+    kv_cache_gib: float | None = field(default=None, metadata=flag(  # else sized from RAM
+        "--engine-kv-cache-gib", "vLLM on a CPU: KV cache size in GiB"))
+    gpu_memory_utilization: float | None = field(default=None, metadata=flag(
+        "--engine-gpu-memory", "vLLM on a GPU: share of its memory to use"))
+    tensor_parallel_size: int = field(default=1, metadata=flag(
+        "--engine-tensor-parallel", "vLLM: GPUs per engine", min=1))
+    max_num_seqs: int | None = field(default=None, metadata=flag(
+        "--engine-max-seqs", "vLLM: requests per engine step"))
+    max_num_batched_tokens: int | None = field(default=None, metadata=flag(
+        "--engine-max-batched-tokens", "vLLM: tokens per engine step"))
+    eager: bool | None = field(default=None, metadata=flag(
+        "--engine-eager/--engine-compile", "vLLM: no torch.compile (default: eager on a CPU "
+        "only)"))
+    cpus: str | None = field(default=None, metadata=flag(
+        "--engine-cpus", 'vLLM on a CPU: cores for its threads ("1", "0-3")'))
     seed: int = 0
 
     def engine_args(self, on_cpu: bool) -> dict[str, Any]:

@@ -47,15 +47,24 @@ def decoding(surface: str, base: Params | None = None,
     entries = [*([PRESET] if surface in PRESET.option.surfaces else []),
                *exposed(settings, surface)]
 
+    flags = [flag for entry in entries for flag in _flags(entry, shown)]
+    return flag_group("decoding", flags, lambda given: _options(entries, given))
+
+
+def flag_group(keyword: str, flags: list[inspect.Parameter],
+               collect: Callable[[dict[str, Any]], Any]) -> Callable[[Command], Command]:
+    """A decorator putting `flags` in place of a typer command's `keyword` parameter: the
+    command gets `collect({flag name: value given})` as `keyword`. How a group of options
+    defined elsewhere (a registry, a config dataclass) becomes flags without restating them."""
+
     def decorate(command: Command) -> Command:
         signature = inspect.signature(command, eval_str=True)
-        kept = [p for p in signature.parameters.values() if p.name != "decoding"]
-        flags = [flag for entry in entries for flag in _flags(entry, shown)]
+        kept = [p for p in signature.parameters.values() if p.name != keyword]
 
         @functools.wraps(command)
         def run(*args: Any, **kwargs: Any) -> Any:
             given = {flag.name: kwargs.pop(flag.name) for flag in flags}
-            return command(*args, decoding=_options(entries, given), **kwargs)
+            return command(*args, **{keyword: collect(given)}, **kwargs)
 
         run.__signature__ = signature.replace(parameters=[*kept, *flags])  # type: ignore[attr-defined]
         return run  # type: ignore[return-value]
