@@ -30,14 +30,16 @@ the measured device's GIL) make the companion prefill as fast as it answers, rec
 whenever it refuses them: `--attack reopen` reopens sessions over `--abuser-prompt-tokens`-token
 prompts (issue 19), `--attack committed` opens a 1-token session and sends Drafts whose
 `committed_ids` carry `--abuser-prompt-tokens` ids each (issue 28: committed ids were not
-charged to the prompt budget). Reported: the legitimate
+charged to the prompt budget; a Draft now commits at most `max_draft + 1` ids, so 17 is the
+most a companion serves and more is refused). Reported: the legitimate
 device's round latency (p50/p99) alone and under abuse, and the abusers' served and refused
 opens. It runs on a companion with the default limits and on one with the prompt budget lifted
 (what fair scheduling does alone); `--before-pythonpath DIR` adds a companion run from another
 checkout (the code before the defences) for the "before" number:
 
     python bench/load.py --abusers 3 --workers 1 --generations 8 --json bench-starvation.json
-    python bench/load.py --abusers 3 --attack committed --workers 1 --generations 8
+    python bench/load.py --abusers 3 --attack committed --abuser-prompt-tokens 17 --workers 1 \
+        --generations 8 --companion-core 0
 """
 
 from __future__ import annotations

@@ -365,6 +365,31 @@ def test_companion_rejects_requests_of_the_wrong_mode() -> None:
     failed(companion, encode(RowRequest((1,))), ErrorCode.OUT_OF_ORDER)
 
 
+@pytest.mark.parametrize("mode", [Mode.SPECSTEER, Mode.ROWS])
+def test_a_round_commits_at_most_the_accepted_drafts_and_one(mode: Mode) -> None:
+    """A Draft or RowRequest is not a way to make the companion prefill a long text (issue 28:
+    2,040 committed ids a Draft): past `max_committed` the device refuses to send it and the
+    companion refuses it as a limit; a longer catch-up is a Resume."""
+    most = Limits().max_committed
+    assert most == Limits().max_draft + 1
+
+    def send(conn: DeviceConnection, n: int) -> None:
+        if mode is Mode.ROWS:
+            conn.request_row(committed_ids=(1,) * n)
+        else:
+            conn.send_draft((2,), committed_ids=(1,) * n)
+
+    device, companion = handshake(mode=mode)
+    send(device, most)
+    [event] = transfer(device, companion)
+    assert isinstance(event, RowRequested | DraftReceived)
+    device, companion = handshake(mode=mode)
+    assert_code(ErrorCode.LIMIT_EXCEEDED, send, device, most + 1)
+    request = RowRequest((1,) * (most + 1)) if mode is Mode.ROWS else Draft(0, (1,) * (most + 1),
+                                                                             (2,))
+    failed(companion, encode(request), ErrorCode.LIMIT_EXCEEDED)
+
+
 def test_companion_checks_tokens_against_its_vocab() -> None:
     _, companion = handshake()
     failed(companion, encode(Draft(0, (), (VOCAB,))), ErrorCode.BAD_TOKEN)

@@ -282,7 +282,7 @@ class DeviceConnection(_Connection):
         peer = self.peer_limits
         draft = Draft(
             self.round,
-            self._check_ids("committed ids", committed_ids, peer.max_prompt_tokens),
+            self._check_ids("committed ids", committed_ids, peer.max_committed),
             self._check_ids("draft ids", draft_ids, peer.max_draft),
             logp_s0,
         )
@@ -298,7 +298,7 @@ class DeviceConnection(_Connection):
         if self.session.settings.mode is not Mode.ROWS:
             raise ProtocolError(ErrorCode.OUT_OF_ORDER, "only a ROWS session takes request_row")
         peer = self.peer_limits
-        ids = self._check_ids("committed ids", committed_ids, peer.max_prompt_tokens)
+        ids = self._check_ids("committed ids", committed_ids, peer.max_committed)
         self._send_checked(RowRequest(ids), peer)
         self._row_pending = True
         self.state = State.WAITING
@@ -450,6 +450,7 @@ class CompanionConnection(_Connection):
                     ErrorCode.OUT_OF_ORDER,
                     f"RowRequest in a {self.session.settings.mode.name} session",
                 )
+            self._check_committed(message.committed_ids)
             self._row_pending = True
             self.state = State.WAITING
             return [RowRequested(message)]
@@ -469,9 +470,19 @@ class CompanionConnection(_Connection):
                 ErrorCode.BAD_VALUE,
                 "Draft must carry logp_s0 exactly when the session has s0_on_device",
             )
+        self._check_committed(message.committed_ids)
         self._draft = message
         self.state = State.WAITING
         return DraftReceived(message)
+
+    def _check_committed(self, ids: tuple[int, ...]) -> None:
+        if len(ids) > self.limits.max_committed:
+            raise ProtocolError(
+                ErrorCode.LIMIT_EXCEEDED,
+                f"{len(ids)} committed ids in one round exceed the limit of "
+                f"{self.limits.max_committed} (the accepted drafts and one); send a Resume to "
+                "rebuild a session from more",
+            )
 
     def accept_hello(
         self,

@@ -95,13 +95,20 @@ class Limits:
     # experiment while bounding the companion's per-round verify pass.
     max_draft: int = 16
     # The public prompt is the request plus chat template; 8k tokens covers it and bounds the
-    # companion's prefill per session. Also bounds committed ids per message.
+    # companion's prefill per session. Also bounds a Resume's committed ids.
     max_prompt_tokens: int = 8192
     # The method uses k=64; 1024 is enough for any recovery/baseline experiment and keeps a
     # ROWS reply near 6 KB instead of a 600 KB full fp32 row.
     max_top_k: int = 1024
     # Unknown until the handshake: the state machines fill it in from HelloOk/accept_hello.
     vocab_size: int | None = None
+
+    @property
+    def max_committed(self) -> int:
+        """Ids one Draft or RowRequest may commit: what a round can settle (the accepted drafts
+        and one more). A device with more to catch up on sends a Resume, whose prompt the
+        companion charges as such; a Draft is never a way to make it prefill a long text."""
+        return self.max_draft + 1
 
     def __post_init__(self) -> None:
         for name in ("max_message_bytes", "max_draft", "max_prompt_tokens", "max_top_k"):
@@ -354,9 +361,10 @@ class SessionOpened:
 class Draft:
     """Device -> companion: one round's drafted ids, and the ids committed since last time.
 
-    `committed_ids` are tokens the device appended that the companion has not seen (typically
-    the token it chose from the previous verdict). `logp_s0` holds the context-free Specialist's
-    log-probabilities of the drafts, present only when the session has `s0_on_device`.
+    `committed_ids` are tokens the device appended that the companion has not seen (the token
+    it chose from the previous verdict; at most `Limits.max_committed`). `logp_s0` holds the
+    context-free Specialist's log-probabilities of the drafts, present only when the session
+    has `s0_on_device`.
     """
 
     round: int
