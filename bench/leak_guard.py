@@ -109,6 +109,8 @@ def main() -> None:
                         help="leave out this many first users (run users N+1..N+--users)")
     parser.add_argument("--skip-unflagged", action="store_true",
                         help="reuse the allow row for users it flagged nothing for")
+    parser.add_argument("--policies", nargs="+", choices=POLICIES, default=list(POLICIES),
+                        help="the policies to run (allow first: the others pair with it)")
     args = parser.parse_args()
 
     specialist = load_model(compile_model("qwen2.5-0.5b", args.precision))
@@ -118,7 +120,7 @@ def main() -> None:
     done = {(r["user"], r["policy"]) for r in rows}
     examples = load_examples(args.task, data=args.data, users=args.skip_from + args.users)
     for example in examples[args.skip_from:]:
-        if all((example.user, policy) in done for policy in POLICIES):
+        if all((example.user, policy) in done for policy in args.policies):
             continue
         prepared = harness.prepare(example)
         prompt = prepared.device
@@ -126,7 +128,7 @@ def main() -> None:
         decode_text = specialist.tokenizer.decode
         private_words = set(word_spans(decode_text(prompt.private_ids), args.n)) \
             - set(word_spans(decode_text(prompt.public_ids), args.n))
-        for policy in POLICIES:
+        for policy in args.policies:
             if (example.user, policy) in done:
                 continue
             allow = next((r for r in rows if r["user"] == example.user
@@ -202,6 +204,8 @@ def report(rows: list[dict]) -> None:
         table.add_column(column)
     for policy in POLICIES:
         mine = [r for r in rows if r["policy"] == policy]
+        if not mine:
+            continue
         total = {k: sum(r[k] for r in mine) for k in (
             "drafted", "drafted_copied", "sent", "sent_copied", "tokens", "output_copied",
             "flagged", "redacted", "held", "wall_s")}

@@ -578,9 +578,9 @@ def record_traces(args: argparse.Namespace, url: str, token: str = "") -> list[T
     store = HistoryStore(memory=True)
     for title, body in HISTORY:
         store.add(kind="email", title=title, body=body)
-    client = Client(
+    client = Client(  # a slow engine (vLLM on a CPU) may take long over a prompt's prefill
         load_model(args.specialist, precision=args.precision), history=store, companion=url,
-        token=token or NO_TOKEN,
+        token=token or NO_TOKEN, timeout_s=REPLY_TIMEOUT_S, connect_timeout_s=REPLY_TIMEOUT_S,
     )
     params = {"method": args.method, "max_new_tokens": args.max_new_tokens}
     return [record(client, query, params) for query in QUERIES]

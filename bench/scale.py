@@ -38,6 +38,7 @@ import os
 import shlex
 import socket
 import statistics
+import subprocess
 import sys
 import threading
 import time
@@ -129,9 +130,13 @@ def single_companion(args: argparse.Namespace) -> None:
             traces = record_traces(options, url)
             levels = [run_level(url, traces, n, args.generations, True, proc.pid)
                       for n in args.devices]
-        finally:
+        finally:  # a companion still finishing queued engine requests is not waited for
             proc.terminate()
-            proc.wait(120)
+            try:
+                proc.wait(120)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
         tokens = sum(t.tokens for t in traces)
         wire = sum(len(step.frame) + sum(map(len, step.replies)) for t in traces
                    for step in t.steps)
