@@ -192,20 +192,28 @@ def _stat(pid: int) -> list[str] | None:
         return None
 
 
-def cpu_seconds(pid: int) -> float | None:
-    """User + system CPU time of a process and its descendants (Linux /proc): whether the
-    companion saturates, its engine's processes (vLLM's core and worker) included."""
+def process_tree(pid: int) -> dict[int, list[str]]:
+    """`pid` and its descendants (Linux /proc), each with its /proc stat fields."""
     stats = {int(p.name): s for p in Path("/proc").iterdir()
              if p.name.isdigit() and (s := _stat(int(p.name))) is not None}
     if pid not in stats:
-        return None
+        return {}
     tree, frontier = {pid}, [pid]
     while frontier:
         parent = frontier.pop()
         children = [child for child, s in stats.items() if int(s[1]) == parent]
         tree.update(children)
         frontier += children
-    ticks = sum(int(stats[p][11]) + int(stats[p][12]) for p in tree)
+    return {p: stats[p] for p in tree}
+
+
+def cpu_seconds(pid: int) -> float | None:
+    """User + system CPU time of a process and its descendants: whether the companion
+    saturates, its engine's processes (vLLM's core and worker) included."""
+    tree = process_tree(pid)
+    if not tree:
+        return None
+    ticks = sum(int(stat[11]) + int(stat[12]) for stat in tree.values())
     return ticks / os.sysconf("SC_CLK_TCK")
 
 

@@ -32,10 +32,12 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import json
 import math
 import os
 import shlex
+import signal
 import socket
 import statistics
 import subprocess
@@ -107,7 +109,7 @@ def run_round(url: str, specialist, n: int, generations: int, tokens: int,
 def single_companion(args: argparse.Namespace) -> None:
     """Each `--backend` as one companion process, N replayed devices (see the docstring)."""
     sys.path.insert(0, os.path.dirname(__file__))
-    from load import record_traces, run_level, table
+    from load import process_tree, record_traces, run_level, table
     from rich.console import Console
 
     from specsteer_companion.process import start_companion
@@ -131,11 +133,14 @@ def single_companion(args: argparse.Namespace) -> None:
             levels = [run_level(url, traces, n, args.generations, True, proc.pid)
                       for n in args.devices]
         finally:  # a companion still finishing queued engine requests is not waited for
+            tree = process_tree(proc.pid)  # its engine's processes too, which outlive a kill
             proc.terminate()
             try:
                 proc.wait(120)
             except subprocess.TimeoutExpired:
-                proc.kill()
+                for pid in tree:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGKILL)
                 proc.wait()
         tokens = sum(t.tokens for t in traces)
         wire = sum(len(step.frame) + sum(map(len, step.replies)) for t in traces

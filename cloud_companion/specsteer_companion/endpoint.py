@@ -71,10 +71,16 @@ class CompanionEndpoint:
         self.rounds = 0
         self.resumes = 0  # sessions rebuilt here from a device's public state (Resume)
         self.compute_s = 0.0
+        self.close_code, self.close_reason = 1000, ""  # every end is the protocol's own
 
     @property
     def closed(self) -> bool:
         return self.conn.state is protocol.State.CLOSED
+
+    @property
+    def frame_limits(self) -> Limits:
+        """What the next frame is decoded with (the vocabulary is known after the Hello)."""
+        return self.conn.limits
 
     def handle(self, frame: bytes) -> list[bytes]:
         """Consume one frame; return the frames to send back (possibly an Error)."""

@@ -3,53 +3,55 @@
 Owns the two deployments and how a session stays on its replica. A `VerifierReplica` loads the
 models once and holds, per device connection, one `CompanionEndpoint` (protocol state machine,
 auth, KV caches: the very class the single-process server runs). The `Ingress`, one replica for
-the whole cluster by design, accepts the device's websocket and admits it and its frames through
-the single-process server's `AdmissionGate`, so for the whole cluster: connections per address,
-in total and before login (the oldest of the busiest address shed when full), Hello deadline,
-idle time, frame size, requests per connection, prompt tokens per device, sessions per device
-and in total; and it ends the live connections of revoked tokens (`revocation`). The gate
-decodes each frame once; the ingress forwards the message to the replica holding that
-connection, tagged with its connection id: `ray_routing.SessionAffinityRouter` sends every
-request of an id to the replica it placed the first one on, and the replica keeps the id's
-endpoint in Serve's multiplexed-model cache (`max_sessions` per replica, least recently used
-evicted). Should a frame land on a replica without its state (its replica died or evicted it),
-or a replica die or stall, the ingress closes the websocket, and the device resumes the session
-on a fresh connection (`protocol.Resume`), which lands wherever the router puts the new id. TLS
-terminates at Serve's proxy (`http_options`).
+the whole cluster by design, listens for devices itself with the single-process server's
+websocket front (`server.WebSocketFront`: Serve's HTTP proxy is not in the path) and admits each
+connection and frame through its `AdmissionGate`, so for the whole cluster: connections per
+address, in total and before login (the oldest of the busiest address shed when full, at
+accept), Hello deadline, idle time, frame size, requests per connection, prompt tokens per
+device, sessions per device and in total; and it ends the live connections of revoked tokens
+(`revocation`). The gate decodes each frame once; the ingress forwards the message to the
+replica holding that connection, tagged with its connection id:
+`ray_routing.SessionAffinityRouter` sends every request of an id to the replica it placed the
+first one on, and the replica keeps the id's endpoint in Serve's multiplexed-model cache
+(`max_sessions` per replica, least recently used evicted). Should a frame land on a replica
+without its state (its replica died or evicted it), or a replica die or stall, the ingress
+closes the websocket, and the device resumes the session on a fresh connection
+(`protocol.Resume`), which lands wherever the router puts the new id. TLS terminates at the
+ingress (`ingress.cert`/`key`, files on the ingress's node).
 """
 
-# No `from __future__ import annotations`: FastAPI must see the real `WebSocket` annotation
-# of the ingress's method, and the class travels to its replica by value (cloudpickle), where
-# a string annotation could no longer be resolved.
+# No `from __future__ import annotations`: the classes travel to their replicas by value
+# (cloudpickle), where a string annotation could no longer be resolved.
 import asyncio
 import contextlib
 import logging
 import os
 import socket
+import ssl
+import time
 import uuid
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import ray
-from fastapi import FastAPI, WebSocket
 from ray import serve
-from ray.serve.config import AutoscalingConfig, HTTPOptions, RequestRouterConfig
+from ray.serve.config import AutoscalingConfig, ProxyLocation, RequestRouterConfig
 
 from specsteer import protocol
 from specsteer.protocol import ErrorCode, Limits, Message
 from specsteer_companion import logthrottle
-from specsteer_companion.admission import AdmissionGate, Entry, Refusal
+from specsteer_companion.admission import Entry
 from specsteer_companion.endpoint import CompanionEndpoint
 from specsteer_companion.ray_config import RayCompanionConfig
 from specsteer_companion.ray_routing import SessionAffinityRouter
-from specsteer_companion.revocation import REVOKED_MESSAGE, RevocationCheck, watch_revocations
-from specsteer_companion.server import THROTTLE, TIMEOUTS
+from specsteer_companion.revocation import RevocationCheck
+from specsteer_companion.server import THROTTLE, TIMEOUTS, FrontEndpoint, WebSocketFront
 from specsteer_companion.verifier import Verifier
 
 log = logging.getLogger("specsteer_companion.ray")
 RESUME_CLOSE = 1011  # websocket close code of a lost replica: the device resumes elsewhere
-STATS_REQUESTS = 8  # /stats requests the ingress serves beside its full count of websockets
+HEAD_NODE = "node:__internal_head__"  # Ray's resource of the head node
 
 
 @dataclass(frozen=True)
@@ -154,49 +156,101 @@ def build_app(config: RayCompanionConfig):  # type: ignore[no-untyped-def]
 
 
 def _ingress(config: RayCompanionConfig):  # type: ignore[no-untyped-def]
-    """The ingress deployment of `config`: one replica, a FastAPI app with the websocket."""
+    """The ingress deployment of `config`: one replica, which listens for devices itself."""
     i = config.ingress
-    app = FastAPI()
 
-    # Each open websocket is one ongoing request of the ingress for its whole life: Serve's
-    # default (5) would leave every device past the fifth waiting at the proxy for a slot (its
-    # handshake timing out), so the ingress takes all it may admit, and refuses the rest itself.
-    @serve.deployment(num_replicas=1, ray_actor_options={"num_cpus": i.num_cpus},
-                      max_ongoing_requests=i.max_connections + STATS_REQUESTS)
-    @serve.ingress(app)
+    # on the head node: devices connect to one known address (the head's), as they did to
+    # Serve's proxy there
+    @serve.deployment(num_replicas=1, ray_actor_options={
+        "num_cpus": i.num_cpus, "resources": {HEAD_NODE: 0.001}})
     class Ingress:
-        """Websocket front, one replica for the cluster (`_Relay` does the work)."""
+        """The cluster's websocket front: a `RayIngressServer` on the configured address, in a
+        thread of this replica with an event loop of its own."""
 
         def __init__(self, verifiers) -> None:  # type: ignore[no-untyped-def]
-            logthrottle.install(THROTTLE)  # a flood's refusals log a bounded number of lines
-            self.verifiers = verifiers
-            self.relay = _Relay(config)
+            self.server = _listen(config, verifiers)  # listening once the constructor returns
 
-        @app.get("/stats")
         def stats(self) -> dict[str, object]:
-            """What the ingress routed and refused: sessions and resumes per verifier replica."""
-            return self.relay.stats()
+            return self.server.stats()
 
-        @app.websocket("/")
-        async def connect(self, ws: WebSocket) -> None:
-            await self.relay.connect(ws, self.verifiers)
+        def check_health(self) -> None:
+            """Serve restarts an ingress whose server thread is gone."""
+            if not self.server.listening:
+                raise RuntimeError("the ingress's websocket server stopped")
 
     return Ingress
 
 
-class _Relay:
-    """The ingress's state (the admission gate, for the whole cluster) and the life of one
-    device websocket: admitted or refused, each frame through the gate to the replica holding
-    the connection, the replies back, revocation."""
+def _listen(config: RayCompanionConfig, verifiers) -> "RayIngressServer":  # type: ignore[no-untyped-def]
+    """The ingress's server, listening in a thread of its own (module level: the replica's
+    class is pickled by value, and what its methods reference with it)."""
+    from specsteer_companion.tls import server_ssl_context
 
-    def __init__(self, config: RayCompanionConfig) -> None:
-        self.ingress = config.ingress
-        self.gate = AdmissionGate(config.ingress)
-        self.check_revoked = _revocation_check(config)
-        self.watch: asyncio.Task[None] | None = None
+    logthrottle.install(THROTTLE)  # a flood's refusals log a bounded number of lines
+    i = config.ingress
+    server = RayIngressServer(config, verifiers,
+                              server_ssl_context(i.cert, i.key) if i.cert and i.key else None)
+    # the standard library's loop: in a Ray worker, uvloop (Ray's event loop policy) never
+    # progressed a TLS handshake that the server starts after admission (measured: every one
+    # timed out; the same code outside Ray, or on this loop, completes them)
+    server.lifetime = server.running(asyncio.SelectorEventLoop)  # held: a collected generator
+    # would stop the server
+    server.lifetime.__enter__()  # for the replica's life: Serve ends the process
+    return server
+
+
+class ReplicaEndpoint:
+    """The ingress's side of one connection whose `CompanionEndpoint` lives on a verifier
+    replica (`handle`, bound to the connection's id): what the front's loop needs of it."""
+
+    def __init__(self, handle, limits: Limits) -> None:  # type: ignore[no-untyped-def]
+        self.handle = handle
+        self.frame_limits = limits
+        self.identity: str | None = None
+        self.closed = False
+        self.close_code, self.close_reason = 1000, ""
+
+    def took(self, reply: Reply) -> None:
+        """What the replica's answer says of the connection."""
+        self.frame_limits = reply.limits or self.frame_limits
+        self.identity = reply.identity or self.identity
+        self.closed = reply.closed
+
+    def lose(self) -> None:
+        self.closed = True
+        self.close_code, self.close_reason = RESUME_CLOSE, "verifier lost: resume"
+
+    def fail(self, code: ErrorCode, message: str) -> list[bytes]:
+        if self.closed:
+            return []
+        self.closed = True
+        return [protocol.encode(protocol.Error(code, message))]
+
+    def release(self) -> None:
+        """Free the connection's KV caches on its replica now (not when it is evicted)."""
+        with contextlib.suppress(Exception):
+            self.handle.release.remote()
+
+
+class RayIngressServer(WebSocketFront):
+    """The single-process server's websocket front (admission at accept, the gate for the
+    whole cluster, revocation) whose frames are answered by the verifier replica holding each
+    connection. Serve's HTTP proxy is not in the path: a flood of sockets meets the gate at
+    accept, as on the single process, not a proxy that admits whatever it has room for.
+    GET /stats: sessions and resumes per replica, refusals, open connections."""
+
+    def __init__(self, config: RayCompanionConfig, verifiers,  # type: ignore[no-untyped-def]
+                 ssl_context: ssl.SSLContext | None) -> None:
+        super().__init__(config.ingress, check_revoked=_revocation_check(config),
+                         ssl_context=ssl_context)
+        self.verifiers = verifiers
+        self.replica_timeout_s = config.ingress.replica_timeout_s
         self.per_replica: Counter[str] = Counter()  # sessions opened per replica
         self.resumed: Counter[str] = Counter()
         self.lost = 0
+        self.http_stats = self.stats
+        self.reuse_port = True  # a redeploy starts the new ingress before it stops the old
+        self.lifetime: contextlib.AbstractContextManager[str] | None = None
 
     def stats(self) -> dict[str, object]:
         return {"sessions": dict(self.per_replica), "resumes": dict(self.resumed),
@@ -205,95 +259,32 @@ class _Relay:
                 "unauthenticated": self.gate.unauthenticated,
                 "open_sessions": self.gate.open_sessions()}
 
-    async def connect(self, ws: WebSocket, verifiers) -> None:  # type: ignore[no-untyped-def]
-        peer = ws.client.host if ws.client else "?"
-        conn = _Connection(ws, asyncio.current_task())
-        admission = self.gate.connect(peer, owner=conn)
-        for shed in admission.shed:
-            log.warning("closed a connection from %s that had not logged in, to make room "
-                        "for a new one", shed.peer)
-            shed.owner.shed()
-        if admission.entry is None:
-            log.warning("refused a connection from %s: %s", peer, admission.refused)
-            return await ws.close(code=1013, reason="too many connections")
-        if self.watch is None:  # started here: the replica's event loop runs by now
-            self.watch = asyncio.create_task(watch_revocations(
-                lambda: list(self.gate.live), self.check_revoked,
-                self.ingress.revocation_check_s, _end_revoked, tidy=self.gate.tidy))
-        handle = verifiers.options(multiplexed_model_id=uuid.uuid4().hex)
-        try:
-            await ws.accept()  # in here: a device gone mid-handshake gives its slot back
-            await self._serve(admission.entry, handle)
-        except asyncio.CancelledError:
-            if not conn.was_shed:
-                raise
-        finally:
-            self.gate.disconnect(admission.entry)
-            with contextlib.suppress(Exception):
-                handle.release.remote()
-            with contextlib.suppress(Exception):
-                await ws.close()
+    def endpoint(self) -> ReplicaEndpoint:
+        return ReplicaEndpoint(self.verifiers.options(multiplexed_model_id=uuid.uuid4().hex),
+                               self.limits)
 
-    async def _serve(self, entry: Entry, handle) -> None:  # type: ignore[no-untyped-def]
-        ws, limits = entry.owner.ws, Limits()
-        while True:
-            try:
-                message = await asyncio.wait_for(ws.receive(), self.gate.wait_s(entry))
-            except TIMEOUTS:
-                return await _refuse(ws, self.gate.timed_out(entry))
-            if message["type"] == "websocket.disconnect":
-                return
-            frame = message.get("bytes")
-            checked = self.gate.check(entry, message.get("text") if frame is None else frame,
-                                      limits)
-            if isinstance(checked, Refusal):
-                return await _refuse(ws, checked)
-            reply = await self._forward(entry, handle, checked, len(frame or b""))
-            if reply is None or reply.lost:
-                self.lost += 1
-                return await ws.close(code=RESUME_CLOSE, reason="verifier lost: resume")
-            limits = reply.limits or limits
-            if entry.identity is None and reply.identity is not None and not reply.closed:
-                self.gate.logged_in(entry, reply.identity)
-            if isinstance(checked, protocol.OpenSession | protocol.Resume):
-                self.per_replica[reply.replica] += 1
-                if reply.resumed:
-                    self.resumed[reply.replica] += 1
-            for out in reply.frames:
-                await ws.send_bytes(out)
-            if reply.closed:
-                return
-            if entry.revoked:  # revoked while this frame was in flight
-                return await _refuse(ws, Refusal(ErrorCode.AUTH_FAILED, REVOKED_MESSAGE))
-
-    async def _forward(self, entry: Entry, handle, message: Message,  # type: ignore[no-untyped-def]
-                       size: int) -> Reply | None:
-        """The replica's reply to one message; None if the replica died or stalled."""
-        entry.busy = True
+    async def answer(self, entry: Entry, endpoint: FrontEndpoint, message: Message,
+                     size: int) -> list[bytes]:
+        """The replica's reply; a replica that died, stalled or holds no state for the
+        connection closes it with `RESUME_CLOSE` (the device resumes on a new one)."""
+        assert isinstance(endpoint, ReplicaEndpoint)
         try:
-            return await asyncio.wait_for(handle.handle.remote(message, size),
-                                          self.ingress.replica_timeout_s)
+            reply = await asyncio.wait_for(endpoint.handle.handle.remote(message, size),
+                                           self.replica_timeout_s)
         except (ray.exceptions.RayError, *TIMEOUTS) as exc:
             log.warning("verifier replica lost (%s): the device resumes elsewhere",
                         type(exc).__name__)
-            return None
-        finally:
-            entry.busy = False
-
-
-@dataclass(eq=False)
-class _Connection:
-    """The ingress's handle on one device websocket: what the gate closes if it sheds it."""
-
-    ws: WebSocket
-    task: asyncio.Task[None] | None
-    was_shed: bool = False
-
-    def shed(self) -> None:
-        """Closed by the gate before login, to make room: stop serving it."""
-        self.was_shed = True
-        if self.task is not None:
-            self.task.cancel()
+            reply = None
+        if reply is None or reply.lost:
+            self.lost += 1
+            endpoint.lose()
+            return []
+        endpoint.took(reply)
+        if isinstance(message, protocol.OpenSession | protocol.Resume):
+            self.per_replica[reply.replica] += 1
+            if reply.resumed:
+                self.resumed[reply.replica] += 1
+        return reply.frames
 
 
 def _revocation_check(config: RayCompanionConfig) -> RevocationCheck | None:
@@ -302,10 +293,6 @@ def _revocation_check(config: RayCompanionConfig) -> RevocationCheck | None:
     from specsteer_companion.auth import TokenStore
 
     return TokenStore(config.tokens).revoked_among  # type: ignore[arg-type]
-
-
-async def _end_revoked(entry: Entry) -> None:
-    await _refuse(entry.owner.ws, Refusal(ErrorCode.AUTH_FAILED, REVOKED_MESSAGE))
 
 
 class _HeldEndpoint:
@@ -318,13 +305,7 @@ class _HeldEndpoint:
         self.endpoint.release()
 
 
-async def _refuse(ws: WebSocket, refusal: Refusal) -> None:
-    with contextlib.suppress(Exception):
-        await ws.send_bytes(protocol.encode(protocol.Error(*refusal)))
-    await ws.close()
-
-
-def start(config: RayCompanionConfig, *, blocking: bool = False) -> str:
+def start(config: RayCompanionConfig) -> str:
     """Join (or start) the Ray cluster, deploy the application, return its ws(s):// URL."""
     from specsteer_companion.tls import server_ssl_context
 
@@ -341,11 +322,23 @@ def start(config: RayCompanionConfig, *, blocking: bool = False) -> str:
             f"no Ray cluster at {config.address!r} ({exc}); start one with `ray start --head` "
             "on the head node (and `ray start --address HEAD:6379` on the others), or set "
             "`address: local` for a private single-machine cluster") from exc
-    serve.start(http_options=HTTPOptions(host=i.host, port=i.port, ssl_keyfile=i.key,
-                                         ssl_certfile=i.cert))
-    serve.run(build_app(config), name=config.app_name, route_prefix="/", blocking=blocking)
+    serve.start(proxy_location=ProxyLocation.Disabled)  # the ingress listens itself
+    serve.run(build_app(config), name=config.app_name, route_prefix=None)
+    _wait_for_one_ingress(config.app_name)
     scheme = "wss" if i.cert else "ws"
     return f"{scheme}://{i.host}:{i.port}"
+
+
+def _wait_for_one_ingress(app_name: str, timeout_s: float = 120.0) -> None:
+    """Until the ingress a redeploy replaced has stopped: both listen on the port meanwhile
+    (`reuse_port`), and a device that reached the old one would meet the old limits."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        app = serve.status().applications[app_name]
+        if dict(app.deployments["Ingress"].replica_states) == {"RUNNING": 1}:
+            return
+        time.sleep(0.2)
+    raise RuntimeError(f"the replaced ingress of {app_name} did not stop in {timeout_s:.0f} s")
 
 
 def _check_answers(address: str, timeout_s: float = 3.0) -> None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import json
 import logging
 import socket
 import ssl
@@ -24,11 +25,14 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from functools import partial
+from http import HTTPStatus
+from typing import Any, Protocol
 
 from websockets.asyncio.server import ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
+from websockets.http11 import Request, Response
 
-from specsteer.protocol import ErrorCode, Limits
+from specsteer.protocol import ErrorCode, Limits, Message
 from specsteer_companion import logthrottle
 from specsteer_companion.admission import AdmissionGate, Entry, Refusal, ServerConfig
 from specsteer_companion.batching import BatchingModel
@@ -38,7 +42,7 @@ from specsteer_companion.revocation import REVOKED_MESSAGE, RevocationCheck, wat
 from specsteer_companion.scheduler import FairExecutor
 from specsteer_companion.verifier import Verifier
 
-__all__ = ["THROTTLE", "CompanionServer", "ServerConfig"]
+__all__ = ["THROTTLE", "CompanionServer", "FrontEndpoint", "ServerConfig", "WebSocketFront"]
 
 log = logging.getLogger("specsteer_companion")
 THROTTLE = logthrottle.Throttle()  # one per process: every server shares the log it writes to
@@ -58,38 +62,68 @@ def _descriptor_limit() -> int | None:
     return None if soft == resource.RLIM_INFINITY else soft
 
 
-class CompanionServer:
-    """Serve one Verifier to many devices over websockets."""
+class FrontEndpoint(Protocol):
+    """What a server's connection loop needs of the side that answers a connection's frames
+    (`CompanionEndpoint`, or the Ray ingress's handle on a verifier replica)."""
 
-    def __init__(self, verifier: Verifier, config: ServerConfig | None = None, *,
-                 authenticate: Authenticator | None = None,
+    identity: str | None  # the device's, once its Hello was accepted
+    close_code: int  # the websocket close code once closed (1000; 1011: resume elsewhere)
+    close_reason: str
+
+    @property
+    def closed(self) -> bool: ...
+
+    @property
+    def frame_limits(self) -> Limits:
+        """What the next frame is decoded with (the vocabulary is known after the Hello)."""
+        ...
+
+    def fail(self, code: ErrorCode, message: str) -> list[bytes]:
+        """Close from the server's side: the Error frame to send."""
+        ...
+
+    def release(self) -> None:
+        """The connection is gone: free what it held."""
+        ...
+
+
+class WebSocketFront:
+    """What every companion server does with sockets: admission at accept (`AdmissionGate`),
+    the life of one device websocket (the Hello deadline, idle time, each frame through the
+    gate, the replies back), revocation, and serving until stopped. Where a frame's answer
+    comes from is the subclass's: an endpoint in this process (`CompanionServer`), or the
+    verifier replica holding the connection (`ray_app`'s ingress). `http_stats`: what a plain
+    GET /stats answers (None: no such page)."""
+
+    def __init__(self, config: ServerConfig | None = None, *,
                  check_revoked: RevocationCheck | None = None,
                  ssl_context: ssl.SSLContext | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
-        self.verifier = verifier
         self.config = config or ServerConfig()
-        self.authenticate = authenticate
         self.check_revoked = check_revoked
         self.ssl_context = ssl_context
         self.limits = self.config.limits or Limits()
-        self._pool = FairExecutor(self.pool_size, name="verify")
         self.gate = AdmissionGate(self.config, descriptor_limit=_descriptor_limit(), clock=clock)
         self.port: int | None = None
+        self.listening = False  # from the socket's bind until `serve` returns
         self.connections = 0  # handled (admitted and logged in or not) since start
+        self.http_stats: Callable[[], dict[str, object]] | None = None
+        # share the port with another server of this user (SO_REUSEPORT): the Ray ingress's
+        # next replica binds it while the one it replaces still serves; off for `serve`, where
+        # a second companion on the same port is a mistake to report
+        self.reuse_port = False
 
-    @property
-    def pool_size(self) -> int:
-        """Threads that run frames: `workers`, or one per session when the models batch.
+    def endpoint(self) -> FrontEndpoint:
+        """A new connection's answering side."""
+        raise NotImplementedError
 
-        With `BatchingModel`s or an engine that batches sessions itself (vLLM) a frame's thread
-        mostly waits for a shared pass, so every session must be able to wait at once, or
-        passes could never be larger than `workers`.
-        """
-        models = (self.verifier.generalist, self.verifier.specialist)
-        if any(isinstance(m, BatchingModel) or getattr(m, "batches_sessions", False)
-               for m in models):
-            return max(self.config.workers, self.config.max_sessions)
-        return self.config.workers
+    async def answer(self, entry: Entry, endpoint: FrontEndpoint, message: Message,
+                     size: int) -> list[bytes]:
+        """The frames that answer `message` (admitted by the gate) on `endpoint`."""
+        raise NotImplementedError
+
+    async def stopped(self) -> None:
+        """The server stopped listening: finish what is in flight."""
 
     @property
     def max_connections(self) -> int:
@@ -110,32 +144,92 @@ class CompanionServer:
     # -- admission at accept ---------------------------------------------------------------
 
     def _connection_class(self) -> type[ServerConnection]:
-        gate = self.gate
+        gate, tls, handshake_s = self.gate, self.ssl_context, self.config.hello_timeout_s
 
         class AdmittedConnection(ServerConnection):
-            """Reports itself to the gate as soon as the socket is accepted."""
+            """Reports itself to the gate as soon as the TCP socket is accepted, before any TLS
+            handshake: a socket that never starts one is counted, capped and shed like any
+            other that has not logged in (asyncio's own TLS would hand it over only after the
+            handshake, so a flood of silent sockets would hold descriptors beyond every cap)."""
 
             entry: Entry | None = None
-            endpoint: CompanionEndpoint | None = None  # once the websocket handshake is done
+            endpoint: FrontEndpoint | None = None  # once the websocket handshake is done
+            raw: asyncio.BaseTransport | None = None  # the TCP transport, under any TLS
+            made = False  # the websocket connection has its transport (after any TLS)
+
+            def __init__(self, *args: Any, **kwargs: Any) -> None:
+                super().__init__(*args, **kwargs)
+                self.early: list[bytes | None] = []  # data (None: EOF) before `made`
 
             def connection_made(self, transport: asyncio.BaseTransport) -> None:
-                super().connection_made(transport)
+                self.raw = transport
                 peername = transport.get_extra_info("peername")
                 peer = str(peername[0]) if peername else "?"
                 admission = gate.connect(peer, owner=self)
                 for shed in admission.shed:
                     log.warning("closed a connection from %s that had not logged in, to make "
                                 "room for a new one (%d waiting)", shed.peer, gate.unauthenticated)
-                    shed.owner.transport.abort()
+                    shed.owner.abort()
                 self.entry = admission.entry
                 if self.entry is None:
                     log.warning("refused a connection from %s: %s", peer, admission.refused)
                     transport.abort()
+                elif tls is None:
+                    self._made(transport)
+                else:  # no byte may reach this protocol before TLS takes the transport over
+                    transport.pause_reading()  # type: ignore[attr-defined]
+                    self.tls = asyncio.ensure_future(self._secure(transport))
+
+            async def _secure(self, transport: asyncio.BaseTransport) -> None:
+                try:
+                    secure = await asyncio.get_running_loop().start_tls(
+                        transport, self, tls, server_side=True,  # type: ignore[arg-type]
+                        ssl_handshake_timeout=handshake_s, ssl_shutdown_timeout=10)
+                except (OSError, ssl.SSLError, *TIMEOUTS) as exc:  # a handshake that failed
+                    log.debug("TLS handshake failed: %r", exc)
+                    self.abort()
+                    return
+                if secure is None or self.entry is None or not self.entry.counted:
+                    self.abort()  # shed while it shook hands
+                    return
+                self._made(secure)
+
+            def _made(self, transport: asyncio.BaseTransport) -> None:
+                self.made = True
+                super().connection_made(transport)
+                early, self.early = self.early, []
+                for data in early:  # what TLS delivered before its handshake's waiter woke us
+                    if data is None:
+                        super().eof_received()
+                    else:
+                        super().data_received(data)
+
+            def abort(self) -> None:
+                """Close at once, whatever the handshake has reached."""
+                if self.entry is not None:
+                    gate.disconnect(self.entry)
+                if self.made:
+                    self.transport.abort()
+                elif self.raw is not None:
+                    self.raw.abort()
 
             def connection_lost(self, exc: Exception | None) -> None:
                 if self.entry is not None:
                     gate.disconnect(self.entry)
-                super().connection_lost(exc)
+                if self.made:
+                    super().connection_lost(exc)
+
+            def data_received(self, data: bytes) -> None:
+                if self.made:
+                    super().data_received(data)
+                else:
+                    self.early.append(data)
+
+            def eof_received(self) -> bool | None:
+                if self.made:
+                    return super().eof_received()
+                self.early.append(None)
+                return None
 
         return AdmittedConnection
 
@@ -145,8 +239,7 @@ class CompanionServer:
         entry: Entry | None = getattr(ws, "entry", None)
         if entry is None or not entry.counted:  # refused or shed during the handshake
             return
-        endpoint = CompanionEndpoint(self.verifier, authenticate=self.authenticate,
-                                     limits=self.limits)
+        endpoint = self.endpoint()
         ws.endpoint = endpoint  # type: ignore[attr-defined]
         self.connections += 1
         try:
@@ -166,23 +259,34 @@ class CompanionServer:
         finally:
             endpoint.release()
             self.gate.release_session(entry)
-            await ws.close()
+            await ws.close(endpoint.close_code, endpoint.close_reason)
 
-    async def _reply(self, entry: Entry, endpoint: CompanionEndpoint,
+    async def _reply(self, entry: Entry, endpoint: FrontEndpoint,
                      frame: str | bytes) -> list[bytes]:
-        checked = self.gate.check(entry, frame, endpoint.conn.limits)
+        checked = self.gate.check(entry, frame, endpoint.frame_limits)
         if isinstance(checked, Refusal):
             return endpoint.fail(*checked)
         entry.busy = True
         try:
-            job = self._pool.submit(entry.identity or f"address:{entry.peer}",
-                                    partial(endpoint.handle_message, checked, len(frame)))
-            replies = await asyncio.wrap_future(job)
+            replies = await self.answer(entry, endpoint, checked, len(frame))
         finally:
             entry.busy = False
         if entry.identity is None and endpoint.identity is not None and not endpoint.closed:
             self.gate.logged_in(entry, endpoint.identity)
         return replies
+
+    def _stats_page(self, connection: ServerConnection, request: Request) -> Response | None:
+        """A plain GET /stats (no websocket upgrade) answered with `http_stats()` as JSON."""
+        if self.http_stats is None or request.path != "/stats" \
+                or "upgrade" in request.headers.get("Connection", "").lower():
+            return None
+        entry: Entry | None = getattr(connection, "entry", None)
+        if entry is not None:  # the page counts the devices' connections, not itself
+            self.gate.disconnect(entry)
+        response = connection.respond(HTTPStatus.OK, json.dumps(self.http_stats()) + "\n")
+        del response.headers["Content-Type"]  # websockets' Headers adds, not replaces
+        response.headers["Content-Type"] = "application/json"
+        return response
 
     # -- revocation --------------------------------------------------------------------------
 
@@ -209,13 +313,15 @@ class CompanionServer:
         watcher = asyncio.create_task(self._watch())
         try:
             async with serve(self._handle, self.config.host, self.config.port,
-                             ssl=self.ssl_context, create_connection=self._connection_class(),
+                             create_connection=self._connection_class(),  # its own TLS
+                             process_request=self._stats_page, reuse_port=self.reuse_port,
                              open_timeout=self.config.hello_timeout_s,
                              max_size=self.limits.max_message_bytes, compression=None,
                              ping_interval=20, ping_timeout=20,
                              backlog=ACCEPT_BATCH) as server:
                 _queue_more_than_a_batch(server.sockets)
                 self.port = next(iter(server.sockets)).getsockname()[1]
+                self.listening = True
                 log.info("companion listening on %s:%s (at most %d connections, %d per address, "
                          "%d before login)", self.config.host, self.port,
                          self.gate.max_connections, self.gate.max_per_address,
@@ -224,16 +330,19 @@ class CompanionServer:
                     ready(self.port)
                 await (stop.wait() if stop is not None else asyncio.Future())
         finally:
+            self.listening = False
             watcher.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await watcher
-            await asyncio.get_running_loop().run_in_executor(None, self._pool.shutdown)
+            await self.stopped()
 
     @contextlib.contextmanager
-    def running(self) -> Iterator[str]:
-        """Run in a background thread (tests, demos); yields the ws:// or wss:// URL."""
+    def running(self, new_loop: Callable[[], asyncio.AbstractEventLoop] = asyncio.new_event_loop
+                ) -> Iterator[str]:
+        """Run in a background thread (tests, demos, the Ray ingress) on a loop from
+        `new_loop`; yields the ws:// or wss:// URL."""
         started = threading.Event()
-        loop = asyncio.new_event_loop()
+        loop = new_loop()
         stop = asyncio.Event()
 
         failed: list[BaseException] = []
@@ -258,6 +367,50 @@ class CompanionServer:
         finally:
             loop.call_soon_threadsafe(stop.set)
             thread.join(10)
+
+
+class CompanionServer(WebSocketFront):
+    """Serve one Verifier to many devices over websockets: an endpoint per connection in this
+    process, its model work on the `FairExecutor`."""
+
+    def __init__(self, verifier: Verifier, config: ServerConfig | None = None, *,
+                 authenticate: Authenticator | None = None,
+                 check_revoked: RevocationCheck | None = None,
+                 ssl_context: ssl.SSLContext | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        super().__init__(config, check_revoked=check_revoked, ssl_context=ssl_context,
+                         clock=clock)
+        self.verifier = verifier
+        self.authenticate = authenticate
+        self._pool = FairExecutor(self.pool_size, name="verify")
+
+    @property
+    def pool_size(self) -> int:
+        """Threads that run frames: `workers`, or one per session when the models batch.
+
+        With `BatchingModel`s or an engine that batches sessions itself (vLLM) a frame's thread
+        mostly waits for a shared pass, so every session must be able to wait at once, or
+        passes could never be larger than `workers`.
+        """
+        models = (self.verifier.generalist, self.verifier.specialist)
+        if any(isinstance(m, BatchingModel) or getattr(m, "batches_sessions", False)
+               for m in models):
+            return max(self.config.workers, self.config.max_sessions)
+        return self.config.workers
+
+    def endpoint(self) -> CompanionEndpoint:
+        return CompanionEndpoint(self.verifier, authenticate=self.authenticate,
+                                 limits=self.limits)
+
+    async def answer(self, entry: Entry, endpoint: FrontEndpoint, message: Message,
+                     size: int) -> list[bytes]:
+        assert isinstance(endpoint, CompanionEndpoint)
+        job = self._pool.submit(entry.identity or f"address:{entry.peer}",
+                                partial(endpoint.handle_message, message, size))
+        return await asyncio.wrap_future(job)
+
+    async def stopped(self) -> None:
+        await asyncio.get_running_loop().run_in_executor(None, self._pool.shutdown)
 
 
 def _queue_more_than_a_batch(sockets: Iterable[socket.socket]) -> None:

@@ -11,15 +11,14 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import resource
 import socket
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
+from helpers.flooding import DEFAULTS, ULIMIT_256, descriptors_for, flood_module
 from helpers.manual_clock import ManualClock
 from websockets.sync.client import connect
 
@@ -125,10 +124,10 @@ def test_connections_that_never_log_in_are_closed_after_the_hello_deadline(
 
 def test_a_tls_handshake_that_never_ends_is_cut_at_the_hello_deadline(
         tiny_model, tiny_generalist, tmp_path):
-    """With TLS, asyncio hands a connection to the server only when its handshake is done, so
-    a socket still in the handshake is not counted against the caps (the documented gap); what
-    bounds it is the TLS handshake timeout, which is the Hello deadline (websockets passes
-    `open_timeout` to asyncio as `ssl_handshake_timeout`; asyncio's own default is 60 s)."""
+    """With TLS, a socket is counted against the caps from its TCP accept, before any TLS
+    handshake (the server starts TLS itself: asyncio's would hand it over only once the
+    handshake is done, and a flood of sockets that never start one went uncounted), and one
+    that never finishes it is cut at the Hello deadline."""
     cert, key = make_self_signed(tmp_path / "tls")
     server = CompanionServer(Verifier(tiny_generalist, tiny_model),
                              ServerConfig(port=0, hello_timeout_s=1.0),
@@ -137,9 +136,10 @@ def test_a_tls_handshake_that_never_ends_is_cut_at_the_hello_deadline(
         held.extend(_attacker(_port(url)) for _ in range(3))  # TCP only: no ClientHello
         started = time.monotonic()
         time.sleep(0.3)
-        assert server.open_connections() == 0  # not counted while in the handshake
+        assert server.open_connections() == 3  # counted while in the handshake
         assert all(_closed_by_server(sock, 4) for sock in held)
         assert time.monotonic() - started < 3
+        assert _wait_for(lambda: server.open_connections() == 0, 5)
         client = Client(tiny_model, companion=url, ssl_context=client_ssl_context(cert))
         assert not client.generate("Team offsite", max_new_tokens=8, offline="fail").stats.degraded
 
@@ -376,26 +376,8 @@ def test_fd_pressure_in_a_child_with_a_low_ulimit(tmp_path):
                and f"{pool} before login" in line for line in startup)
 
 
-def _flood_module():  # type: ignore[no-untyped-def]
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-    import flood
-
-    return flood
-
-
-def _descriptors_for_the_flood(needed: int) -> None:
-    """This process holds the flood's sockets: raise its soft `ulimit -n` to fit them."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    assert hard == resource.RLIM_INFINITY or hard >= needed, \
-        f"the flood needs {needed} descriptors here; the hard limit is {hard}"
-    if soft != resource.RLIM_INFINITY and soft < needed:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (needed, hard))
-
-
 @pytest.mark.parametrize(("addresses", "per_address", "descriptor_limit"), [
-    (13, 32, 256),  # issue 28: 13 addresses took a 256-descriptor companion (0 of 12 logins)
-    (40, 28, 4096),  # and 1,100 sockets from 40 addresses the default caps (0 of 10)
-], ids=["ulimit-256", "defaults"])
+    (*ULIMIT_256, 256), (*DEFAULTS, 4096)], ids=["ulimit-256", "defaults"])
 def test_a_device_logs_in_and_generates_during_a_distributed_flood(
         tmp_path, addresses, per_address, descriptor_limit):
     """Silent sockets from many addresses, each reopened as soon as the companion drops it:
@@ -404,8 +386,8 @@ def test_a_device_logs_in_and_generates_during_a_distributed_flood(
     is never the one shed. Timings are bench/flood.py's, not this test's."""
     from specsteer.runtime import load_model
 
-    flood = _flood_module()
-    _descriptors_for_the_flood(addresses * per_address + 512)
+    flood = flood_module()
+    descriptors_for(addresses * per_address + 512)
     tokens = TokenStore(tmp_path / "tokens.db")
     secret = tokens.create("legit-device").secret
     proc, url = start_companion(str(tiny_model_dir("llama", seed=1)),
