@@ -4,12 +4,13 @@ sockets open that never log in? (issue 28, item 1)
 The attack of issue 28: K loopback addresses (127.0.1.x; Linux routes all of 127/8 to the
 loopback) each keep `--per-address` connections open that never send a Hello, and reopen each
 one as soon as the companion drops it. Raw TCP sockets by default; `--upgrade` completes the
-websocket handshake first and then stays silent (what reaches the Ray ingress, whose proxy holds
-raw sockets itself). While the flood runs, a real device (`Client`, its own device token, the
-tiny pair) tries `--tries` times, one after the other, to log in and generate 8 tokens with
-`offline="fail"`; a try succeeds when the generation completes with the companion. Reported:
-successes, the device's time per try (p50/max), and how hard the flood pushed (connections
-opened and dropped by the companion per second).
+websocket handshake first and then stays silent (what reached the Ray ingress when Serve's proxy
+held its sockets; it listens itself now, like the single process). While the flood runs, a
+real device (`Client`, its own device token, the tiny pair) tries `--tries` times, one after
+the other, to log in and generate 8 tokens with `offline="fail"`; a try succeeds when the
+generation completes with the companion. Reported: successes, the device's time per try
+(p50/max), and how hard the flood pushed (connections opened and dropped by the companion per
+second).
 
 Single process (`specsteer-companion serve` as a child; `--descriptor-limit 256` sets its
 `ulimit -n`, which lowers its caps to 128 connections, 64 before login):
@@ -20,8 +21,8 @@ Single process (`specsteer-companion serve` as a child; `--descriptor-limit 256`
 The Ray ingress (`--ray`: a local cluster, one verifier replica; `--max-connections` sets the
 ingress's total, 128 standing in for a 256-descriptor limit):
 
-    python bench/flood.py --ray --upgrade --addresses 13 --per-address 32 \\
-        --max-connections 128 --tries 40
+    python bench/flood.py --ray --addresses 13 --per-address 32 --max-connections 128 --tries 40
+    python bench/flood.py --ray --addresses 40 --per-address 28 --tries 40
 """
 
 from __future__ import annotations

@@ -30,7 +30,7 @@ from specsteer_companion.local import LocalChannel
 from specsteer_companion.scoring import TrackScoring
 from specsteer_companion.verifier import Verifier
 
-pytestmark = pytest.mark.vllm
+pytestmark = [pytest.mark.vllm, pytest.mark.slow]  # an engine starts in 1-3 min: not the fast lane
 CANARY = "ZQX-CANARY-4410-heron"
 SUBJECT = "Budget for the next quarter"
 
