@@ -11,8 +11,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from specsteer.models.tiny import tiny_model_dir
 from specsteer_companion.process import start_companion
+
+pytestmark = pytest.mark.slow  # a companion and the app as processes: not the fast lane
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 from helpers.apps import REPO, python_app, start_app
 
+pytestmark = pytest.mark.slow  # starts the apps as processes: the full suite, not the fast lane
 NOTES = python_app("sample_apps/notes/app.py")
 MAIL = ["node", str(REPO / "sample_apps" / "mail" / "server.mjs")]
 
