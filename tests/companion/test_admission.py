@@ -150,15 +150,18 @@ def test_text_invalid_and_revoked_frames_are_refused_with_their_code():
     (protocol.RowRequest((2,) * 301), 300),
 ])
 def test_every_way_to_make_the_companion_prefill_is_charged(message, charged):
+    # drafts of up to 300, so that a Draft may commit 301 ids (`Limits.max_committed`): the
+    # charge of what a round carries beyond its own id, whatever the protocol's bound on it
+    limits = Limits(vocab_size=512, max_draft=300)
     clock = ManualClock()
     gate = _gate(clock, prefill_tokens_per_second=10, prefill_burst=500)
     entry = _login(gate, "127.0.0.2", "token")
-    assert gate.check(entry, _frame(message), LIMITS) == message
-    refused = gate.check(entry, _frame(message), LIMITS)
+    assert gate.check(entry, _frame(message), limits) == message
+    refused = gate.check(entry, _frame(message), limits)
     assert isinstance(refused, Refusal) and refused.code == ErrorCode.RATE_LIMITED
     assert refused.message.startswith(f"prompt budget exhausted: {charged} ")
     clock.advance((charged - 200) / 10)  # 200 left + what refilled: exactly enough
-    assert gate.check(entry, _frame(message), LIMITS) == message
+    assert gate.check(entry, _frame(message), limits) == message
 
 
 def test_a_prefill_longer_than_the_burst_is_served_from_a_full_budget_and_owed():

@@ -339,7 +339,7 @@ def _decode_session_opened(r: _Reader) -> SessionOpened:
 
 def _decode_draft(r: _Reader) -> Draft:
     round_ = r.varint("round")
-    committed = r.ids(r.count("committed ids", r._limits.max_prompt_tokens), "committed ids")
+    committed = r.ids(r.count("committed ids", r._limits.max_committed), "committed ids")
     packed = r.varint("draft count")
     n, has_s0 = packed >> 1, bool(packed & 1)
     if n > r._limits.max_draft:
@@ -360,7 +360,7 @@ def _decode_verdict(r: _Reader) -> Verdict:
 
 
 def _decode_row_request(r: _Reader) -> RowRequest:
-    return RowRequest(r.ids(r.count("committed ids", r._limits.max_prompt_tokens), "committed ids"))
+    return RowRequest(r.ids(r.count("committed ids", r._limits.max_committed), "committed ids"))
 
 
 def _decode_row_reply(r: _Reader) -> RowReply:

@@ -450,7 +450,6 @@ class CompanionConnection(_Connection):
                     ErrorCode.OUT_OF_ORDER,
                     f"RowRequest in a {self.session.settings.mode.name} session",
                 )
-            self._check_committed(message.committed_ids)
             self._row_pending = True
             self.state = State.WAITING
             return [RowRequested(message)]
@@ -470,19 +469,9 @@ class CompanionConnection(_Connection):
                 ErrorCode.BAD_VALUE,
                 "Draft must carry logp_s0 exactly when the session has s0_on_device",
             )
-        self._check_committed(message.committed_ids)
         self._draft = message
         self.state = State.WAITING
         return DraftReceived(message)
-
-    def _check_committed(self, ids: tuple[int, ...]) -> None:
-        if len(ids) > self.limits.max_committed:
-            raise ProtocolError(
-                ErrorCode.LIMIT_EXCEEDED,
-                f"{len(ids)} committed ids in one round exceed the limit of "
-                f"{self.limits.max_committed} (the accepted drafts and one); send a Resume to "
-                "rebuild a session from more",
-            )
 
     def accept_hello(
         self,

@@ -108,7 +108,7 @@ class Limits:
         """Ids one Draft or RowRequest may commit: what a round can settle (the accepted drafts
         and one more). A device with more to catch up on sends a Resume, whose prompt the
         companion charges as such; a Draft is never a way to make it prefill a long text."""
-        return self.max_draft + 1
+        return min(self.max_draft + 1, self.max_prompt_tokens)
 
     def __post_init__(self) -> None:
         for name in ("max_message_bytes", "max_draft", "max_prompt_tokens", "max_top_k"):
