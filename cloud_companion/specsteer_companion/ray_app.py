@@ -239,6 +239,8 @@ class RayIngressServer(WebSocketFront):
     accept, as on the single process, not a proxy that admits whatever it has room for.
     GET /stats: sessions and resumes per replica, refusals, open connections."""
 
+    reuse_port = True  # a redeploy starts the new ingress before it stops the old
+
     def __init__(self, config: RayCompanionConfig, verifiers,  # type: ignore[no-untyped-def]
                  ssl_context: ssl.SSLContext | None) -> None:
         super().__init__(config.ingress, check_revoked=_revocation_check(config),
@@ -249,7 +251,6 @@ class RayIngressServer(WebSocketFront):
         self.resumed: Counter[str] = Counter()
         self.lost = 0
         self.http_stats = self.stats
-        self.reuse_port = True  # a redeploy starts the new ingress before it stops the old
         self.lifetime: contextlib.AbstractContextManager[str] | None = None
 
     def stats(self) -> dict[str, object]:

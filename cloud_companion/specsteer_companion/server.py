@@ -23,6 +23,7 @@ import socket
 import ssl
 import threading
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator
 from functools import partial
 from http import HTTPStatus
@@ -87,7 +88,7 @@ class FrontEndpoint(Protocol):
         ...
 
 
-class WebSocketFront:
+class WebSocketFront(ABC):
     """What every companion server does with sockets: admission at accept (`AdmissionGate`),
     the life of one device websocket (the Hello deadline, idle time, each frame through the
     gate, the replies back), revocation, and serving until stopped. Where a frame's answer
@@ -108,21 +109,22 @@ class WebSocketFront:
         self.listening = False  # from the socket's bind until `serve` returns
         self.connections = 0  # handled (admitted and logged in or not) since start
         self.http_stats: Callable[[], dict[str, object]] | None = None
-        # share the port with another server of this user (SO_REUSEPORT): the Ray ingress's
-        # next replica binds it while the one it replaces still serves; off for `serve`, where
-        # a second companion on the same port is a mistake to report
-        self.reuse_port = False
 
+    # share the port with another server of this user (SO_REUSEPORT): the Ray ingress's next
+    # replica binds it while the one it replaces still serves; off for `serve`, where a second
+    # companion on the same port is a mistake to report
+    reuse_port = False
+
+    @abstractmethod
     def endpoint(self) -> FrontEndpoint:
         """A new connection's answering side."""
-        raise NotImplementedError
 
+    @abstractmethod
     async def answer(self, entry: Entry, endpoint: FrontEndpoint, message: Message,
                      size: int) -> list[bytes]:
         """The frames that answer `message` (admitted by the gate) on `endpoint`."""
-        raise NotImplementedError
 
-    async def stopped(self) -> None:
+    async def stopped(self) -> None:  # noqa: B027 - a hook: most fronts keep nothing to finish
         """The server stopped listening: finish what is in flight."""
 
     @property
@@ -178,7 +180,7 @@ class WebSocketFront:
                     self._made(transport)
                 else:  # no byte may reach this protocol before TLS takes the transport over
                     transport.pause_reading()  # type: ignore[attr-defined]
-                    self.tls = asyncio.ensure_future(self._secure(transport))
+                    self.securing = asyncio.ensure_future(self._secure(transport))
 
             async def _secure(self, transport: asyncio.BaseTransport) -> None:
                 try:
