@@ -57,8 +57,6 @@ REPLY_TIMEOUT_S = 60.0
 # under a load of 13), so the count does not depend on the machine's speed.
 DEADLINE_S = 900.0
 LIMITS = protocol.Limits()
-# the companion advertises no more prompt tokens than a session's KV cache holds
-PROMPT_LIMIT = min(LIMITS.max_prompt_tokens, Verifier.max_session_tokens)
 KNOWN_CODES = frozenset(int(code) for code in ErrorCode)
 CONTEXT = 2048  # the tiny models' window: longer prompts are valid frames the companion refuses
 # Hostile but valid settings (temperature 1e-30, alpha 1e30) push log-probabilities past float16;
@@ -202,10 +200,19 @@ class Fuzzer:
                 frozenset({ErrorCode.LIMIT_EXCEEDED}),
             ),
             lambda: (
+                "huge committed count",
+                _frame(
+                    protocol.MessageType.ROW_REQUEST,
+                    varint(rng.randrange(LIMITS.max_committed + 1, 2**32)),
+                    b"\x01",
+                ),
+                frozenset({ErrorCode.LIMIT_EXCEEDED}),
+            ),
+            lambda: (
                 "count without bytes",
                 _frame(
                     protocol.MessageType.ROW_REQUEST,
-                    varint(rng.randrange(2, PROMPT_LIMIT + 1)),
+                    varint(rng.randrange(2, LIMITS.max_committed + 1)),
                     b"\x01",
                 ),
                 frozenset({ErrorCode.BAD_FRAME}),
