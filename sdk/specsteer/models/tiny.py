@@ -15,6 +15,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 from specsteer.errors import ModelError
@@ -65,9 +66,7 @@ def tiny_model_dir(arch: str = "llama", seed: int = 0, vocab: int = 512, *, head
     recipe = _recipe(arch, seed, vocab, heads, kv_heads)
     key = hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:12]
     dest = home() / "test-models" / f"tiny-{arch}-s{seed}-{key}"
-    if not (dest / "specsteer.json").exists():
-        build_tiny_model(dest, recipe)
-    return dest
+    return _built_once(dest / "specsteer.json", lambda: build_tiny_model(dest, recipe))
 
 
 def tiny_hf_dir(arch: str = "llama", seed: int = 0, vocab: int = 512, *, heads: int = 4,
@@ -76,14 +75,33 @@ def tiny_hf_dir(arch: str = "llama", seed: int = 0, vocab: int = 512, *, heads: 
     for engines that load HF folders (vLLM). Built next to the compiled folder."""
     compiled = tiny_model_dir(arch, seed, vocab, heads=heads, kv_heads=kv_heads)
     dest = compiled.with_name(compiled.name + "-hf")
-    if not (dest / "config.json").exists():  # a compiled folder cached before HF ones were kept
-        work = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
-        try:
-            _export(_recipe(arch, seed, vocab, heads, kv_heads), work / "hf")
-            install_folder(work / "hf", dest)
-        finally:
-            shutil.rmtree(work, ignore_errors=True)
-    return dest
+    # a compiled folder cached before HF ones were kept
+    return _built_once(dest / "config.json",
+                       lambda: _export_to(_recipe(arch, seed, vocab, heads, kv_heads), dest))
+
+
+def _built_once(marker: Path, build: Callable[[], object]) -> Path:
+    """The cached folder holding `marker`, built first when missing by one process at a time:
+    parallel test workers share the cache, and a second builder would replace the folder
+    under the first one's readers."""
+    if not marker.exists():
+        from filelock import FileLock  # comes with the build tools (torch)
+
+        marker.parent.parent.mkdir(parents=True, exist_ok=True)
+        with FileLock(marker.parent.parent / ".build.lock"):
+            if not marker.exists():
+                build()
+    return marker.parent
+
+
+def _export_to(recipe: dict, dest: Path) -> None:
+    """Export a recipe's HF folder and move it to `dest` whole."""
+    work = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
+    try:
+        _export(recipe, work / "hf")
+        install_folder(work / "hf", dest)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
 
 
 def _train_tokenizer(vocab: int):
@@ -215,15 +233,7 @@ def tiny_hf_folder(arch: str, seed: int = 0, vocab: int = 512) -> Path:
     recipe = _recipe(arch, seed, vocab)
     key = hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:12]
     dest = home() / "test-models" / f"hf-{arch}-s{seed}-{key}"
-    if not (dest / "config.json").exists():
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        work = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
-        try:
-            _export(recipe, work / "hf")
-            install_folder(work / "hf", dest)
-        finally:
-            shutil.rmtree(work, ignore_errors=True)
-    return dest
+    return _built_once(dest / "config.json", lambda: _export_to(recipe, dest))
 
 
 def tok_vocab(hf_dir: Path) -> int:
