@@ -193,10 +193,47 @@ def test_redact_turns_away_the_same_text_in_other_spacing_or_case(tok):
     by_text: dict[str, list[int]] = {}
     for token in range(tok.vocab_size):
         by_text.setdefault(tok.decode([token]).strip().lower(), []).append(token)
-    twins = next(ids for text, ids in by_text.items() if len(text) > 1 and len(ids) > 1)
-    other = next(ids[0] for text, ids in by_text.items() if len(text) > 1 and ids != twins)
+    twin_text, twins = next((text, ids) for text, ids in by_text.items()
+                            if len(text) > 1 and text.isalpha() and len(ids) > 1)
+    other = next(ids[0] for text, ids in by_text.items() if text.isalpha()
+                 and not text.startswith(twin_text) and not twin_text.startswith(text))
     guard = _guard(tok, n=8)
     ids = np.array([*twins, other])
     mask = guard.redact_mask([], ids, withheld=twins[0])
     assert mask.tolist() == [False] * len(twins) + [True]
     assert guard.redact_mask([], ids).all()  # nothing withheld, nothing private: all allowed
+
+
+@pytest.mark.parametrize(("withheld", "candidates", "expected"), [
+    # after " center": "in" would write "centerin", a piece of the copy's "centering"
+    ("ing", ["in", "s", ",", " the"], [False, True, True, True]),
+    # after " and": "-f" and "f" begin the copy's " for" again ("back and-for forth")
+    (" for", ["f", "-", " to", " f"], [False, True, True, False]),
+    # after " as": " an" is " a" extended ("as an postprocess")
+    (" a", [" and", " the", "\n"], [False, True, True]),
+])
+def test_redact_turns_away_pieces_and_extensions_of_a_withheld_word(
+        tok, withheld, candidates, expected):
+    """The respellings a reader saw in run 7 of the leak-guard benchmark: turned away from a
+    token, the Specialist wrote a piece of it or it extended, the copy's word damaged."""
+    def one(text: str) -> int:
+        ids = tok.encode(text)
+        assert len(ids) == 1, (text, ids)
+        return ids[0]
+
+    guard = _guard(tok, n=8)
+    mask = guard.redact_mask([], np.array([one(c) for c in candidates]), withheld=one(withheld))
+    assert mask.tolist() == expected
+
+
+@pytest.mark.parametrize(("text", "index", "floor", "start"), [
+    (" centering", 3, 0, 0),  # ' c' 'en' 'ter' 'ing': the word began three tokens back
+    (" centering", 3, 2, 2),  # ' c' 'en' already sent: no further back than what is not
+    (" centering", 0, 0, 0),
+    (" the centering", 4, 0, 1),  # ' the' is a word of its own
+    ("-for", 2, 0, 1),  # '-' 'f' 'or': the hyphen ends the word before
+])
+def test_redact_cuts_at_the_start_of_the_flagged_word(tok, text, index, floor, start):
+    ids = tok.encode(text)
+    assert tok.decode(ids) == text
+    assert _guard(tok).word_start(ids, index, floor) == start

@@ -34,3 +34,24 @@ def test_the_draft_cut_fires_and_sends_no_private_window(tiny_model, request, ex
     assert _drafts(frames)[0].draft_ids == first[: N - 1]  # cut before the completing token
     assert stats.leak_redacted >= len(first) - (N - 1)
     assert _leaks(tiny_model, guarded, own, frames) == 0
+
+
+@pytest.mark.parametrize("extra", [dict(pipeline=False, k=10), dict(k=10)])
+def test_the_cut_goes_back_to_the_start_of_the_flagged_word(tiny_model, request, extra):
+    """A window completed inside a word (the Specialist's "wri" + "re") is cut where the word
+    begins, so the pick replaces the whole word: cut at the completing token, the word's
+    beginning went up and the real Specialist finished it another way ("centerin")."""
+    guarded = request.getfixturevalue("setup")
+    prompt, _ = guarded
+    own = [e.token for e in decode(tiny_model, prompt, Params(method="slm_rag",
+                                                               max_new_tokens=40))]
+    text = [tiny_model.tokenizer.decode([t]) for t in own]
+    # the first window of own[5:] completes at own[8], which continues the word own[7] begins
+    assert text[7][:1].isalnum() and not text[6][-1:].isalnum(), text[5:9]
+    assert text[8][:1].isalnum() and text[7][-1:].isalnum(), text[5:9]
+    guard_text = own[5:]
+    _, _, _, allowed, _ = _generate(tiny_model, guarded, "allow", guard_text, **extra)
+    assert list(_drafts(allowed)[0].draft_ids[:9]) == own[:9]  # unguarded, it goes up
+    _, _, _, frames, _ = _generate(tiny_model, guarded, "redact", guard_text, **extra)
+    assert list(_drafts(frames)[0].draft_ids) == own[:7]  # not own[:8]: the word's start
+    assert _leaks(tiny_model, guarded, guard_text, frames) == 0

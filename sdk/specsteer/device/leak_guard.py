@@ -23,9 +23,10 @@ disclosures and names the first token to withhold:
   next, which the patterns alone let through.
 
 The policy (`Params.leak_guard`, applied in `device.rounds` and `device.loop`): "allow" counts
-flagged spans and sends them; "redact" cuts the draft before the flagged token and, in the fused
-pick at that position, bans the token it cut off, every candidate that would complete a
-flagged span, and their respellings (`redact_mask`); "hold" stops collaborating at the flagged
+flagged spans and sends them; "redact" cuts the draft at the flagged token's word (its first
+token not yet sent: `word_start`) and, in the fused pick at that position, bans the token it
+cut off, every candidate that would complete a flagged span, and their respellings, pieces and
+extensions (`redact_mask`); "hold" stops collaborating at the flagged
 token and finishes the generation on the device alone, so neither the span nor anything after
 it is sent. docs/companion-security.md ("Drafts and the leak guard") has the
 threat model.
@@ -98,6 +99,16 @@ def private_word_windows(private_text: str, public_text: str, n: int) -> frozens
     """Runs of `n` words of the private text that the public text does not contain: the
     same copy as `private_ngrams` however it is tokenized, cased, spaced or punctuated."""
     return frozenset(ngrams(words(private_text), n) - ngrams(words(public_text), n))
+
+
+def _letters(text: str) -> str:
+    """A token's letters and digits, lower-cased: what is left of it in any respelling."""
+    return "".join(words(text))
+
+
+def _respells(letters: str, away: set[str]) -> bool:
+    """Whether a candidate's letters are one turned away's, a prefix of them, or them extended."""
+    return bool(letters) and any(a.startswith(letters) or letters.startswith(a) for a in away)
 
 
 def private_host(host: str) -> bool:
@@ -227,21 +238,37 @@ class LeakGuard:
     def redact_mask(self, context: Sequence[int], ids: np.ndarray,
                     withheld: int | None = None) -> np.ndarray:
         """Mask over candidate `ids` for `redact`'s pick: True where a candidate discloses
-        nothing, is not `withheld`, and is not a respelling of one turned away (the same text
-        with other spacing or case: turned away from " continuous", the Specialist glued
-        "andcontinuous" on, a copy in other ids and damaged text)."""
+        nothing, is not `withheld`, and is not a respelling of one turned away. A respelling
+        is the same letters and digits with other spacing, case or punctuation (turned away
+        from " continuous", the Specialist glued "andcontinuous" on), or a piece of them or
+        more of them: turned away from "ing" after " center", it wrote "centerin"; from
+        " forth", "-for"; from " a", " an". Each is the copy's word, damaged, so the pick
+        must go to another word."""
         allowed = self.allowed(context, ids)
         if withheld is not None:
             allowed &= ids != withheld
-        decode = self.tokenizer.decode
-        away = {decode([int(t)]).strip().lower() for t in ids[~allowed]}
+        away = {_letters(self.tokenizer.decode([int(t)])) for t in ids[~allowed]}
         if withheld is not None:
-            away.add(decode([withheld]).strip().lower())
+            away.add(_letters(self.tokenizer.decode([withheld])))
         away.discard("")
         if away:
-            allowed &= np.array([decode([int(t)]).strip().lower() not in away for t in ids],
-                                dtype=bool)
+            allowed &= np.array([not _respells(_letters(self.tokenizer.decode([int(t)])), away)
+                                 for t in ids], dtype=bool)
         return allowed
+
+    def word_start(self, ids: Sequence[int], index: int, floor: int = 0) -> int:
+        """The first token (not before `floor`) of the word that `ids[index]` ends or
+        continues: `redact` cuts there, so the pick replaces the whole word; cut at the
+        flagged token itself, the word's beginning stayed and the Specialist finished it
+        another way ("centerin", "center on" for a withheld "centering")."""
+        decode = self.tokenizer.decode
+        start = index
+        while start > floor:
+            text, before = decode([int(ids[start])]), decode([int(ids[start - 1])])
+            if not text[:1].isalnum() or not before[-1:].isalnum():
+                break
+            start -= 1
+        return start
 
     def _ngram(self, context: Sequence[int], tokens: Sequence[int]) -> Flag | None:
         if not self.private:

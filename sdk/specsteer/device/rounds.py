@@ -256,7 +256,8 @@ class SteeredRounds:
 
     def _guard(self, current: Drafted) -> None:
         """The leak guard's look at what is about to leave: the committed ids and the draft.
-        "redact" cuts the draft before the flagged token; "hold" raises `LeakHeld`."""
+        "redact" cuts the draft at the flagged word's first drafted token; "hold" raises
+        `LeakHeld`."""
         if self.guard is None:
             return
         sent = len(self.text) - len(self.committed)
@@ -266,8 +267,10 @@ class SteeredRounds:
         self.stats.leak_flagged += 1
         if self.guard.policy == "hold":
             raise LeakHeld(flag)
-        if self.guard.policy == "redact":
-            cut = max(0, flag.index - len(self.committed))
+        if self.guard.policy == "redact":  # from the flagged word's first unsent token
+            run = [*self.committed, *current.tokens]
+            cut = max(0, self.guard.word_start(run, flag.index, len(self.committed))
+                      - len(self.committed))
             if flag.index >= len(self.committed):
                 self.withheld = (cut, current.tokens[cut])
             self.stats.leak_redacted += len(current.tokens) - cut
