@@ -83,7 +83,7 @@ def test_a_dummy_option_reaches_every_surface_from_one_field(tmp_path):
     assert "dummy_option" in names(exposed(WithDummy, BRIDGE))
     schema = decoding_options_schema(WithDummy)
     assert schema["properties"]["dummy_option"] == {
-        "type": "integer", "minimum": 0, "maximum": 9,
+        "type": "integer", "minimum": 0, "maximum": 9, "default": 3,
         "description": "a dummy option for the registry test"}
     jsonschema.validate({"dummy_option": 9}, schema)
     with pytest.raises(jsonschema.ValidationError):

@@ -31,7 +31,10 @@ const APPS = resolve(HERE, "..");
 const REPO = resolve(APPS, "..");
 const DATA = join(APPS, "data");
 const STATIC = [join(HERE, "static"), join(APPS, "shared_ui")];
-const PRESETS = ["default", "fast", "strict"];
+// the bridge's decoding options, generated from the SDK's option registry: choices and defaults
+const DECODING = JSON.parse(readFileSync(join(REPO, "bindings", "schema", "v1", "common.json"),
+                                         "utf8")).$defs.decoding_options.properties;
+const PRESETS = DECODING.preset.enum;
 const TYPES = { ".html": "text/html", ".js": "text/javascript", ".css": "text/css" };
 
 const OPTIONS = {
@@ -80,10 +83,11 @@ if (opts.help) {
 const specsteerHome = process.env.SPECSTEER_HOME || join(homedir(), ".cache", "specsteer");
 const historyPath = opts.history || join(specsteerHome, "apps", "mail.db");
 const inbox = JSON.parse(readFileSync(join(DATA, "inbox.json"), "utf8"));
-const LEAK_GUARDS = ["allow", "redact", "hold"]; // the bridge's leak_guard; the SDK's default: hold
-// never repeat an 8-gram of a draft: greedy decoding otherwise loops on one sentence
-const NO_REPEAT_NGRAM = 8;
-const settings = { companion: opts.companion, token: opts.token, preset: opts.preset, leak_guard: "hold" };
+const LEAK_GUARDS = DECODING.leak_guard.enum;
+// never repeat an n-gram of a draft (the SDK's default, 8): greedy decoding otherwise loops
+const NO_REPEAT_NGRAM = DECODING.no_repeat_ngram.default;
+const settings = { companion: opts.companion, token: opts.token, preset: opts.preset,
+                   leak_guard: DECODING.leak_guard.default };
 const maxNewTokens = Number(opts["max-new-tokens"]) || (opts.tiny ? 200 : 160);
 // paces the stream for reading: the tiny models write far faster than anyone reads
 const minTokenMs = opts["min-token-ms"] !== "" ? Number(opts["min-token-ms"]) : (opts.tiny ? 25 : 0);

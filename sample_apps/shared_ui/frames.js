@@ -21,7 +21,7 @@ document.body.insertAdjacentHTML("beforeend", `
     <label>Leak guard (a draft that copies your private history word for word)
       <select name="leak_guard">
         <option value="allow">allow — send it, count it</option>
-        <option value="redact">redact — cut it from the draft</option>
+        <option value="redact">redact — cut it from the draft, write another word (default)</option>
         <option value="hold">hold — finish on this device alone</option>
       </select>
     </label>

@@ -188,11 +188,13 @@ class Params:
         "from its first word (not yet backed by a measurement: docs/BENCHMARKS.md, Latency, "
         "run 5)", minimum=0, surfaces=SDK_ONLY)
     leak_guard: str = option(
-        "hold", "what a draft that copies private history does: hold (the default: nothing of "
-        "the copy, nor after it, is sent; the rest is written on the device alone), redact "
-        "(cut from the draft), allow (sent, counted; warns PrivateDraftsWarning); the counts "
-        "are in stats.leak_flagged / leak_redacted / leak_held (docs/companion-security.md; "
-        "the default measured: docs/BENCHMARKS.md, \"Leak guard\", run 6)",
+        "redact", "what a draft that copies private history does: redact (the default: the "
+        "copied word and the tokens after it are cut from the draft, and the pick at that "
+        "place writes another word), hold (nothing of the copy, nor after it, is sent; the "
+        "rest is written on the device alone), allow (sent, counted; warns "
+        "PrivateDraftsWarning); the counts are in stats.leak_flagged / leak_redacted / "
+        "leak_held (docs/companion-security.md; the default measured: docs/BENCHMARKS.md, "
+        "\"Leak guard\", run 8)",
         choices=LEAK_GUARDS)
     leak_guard_n: int = option(8, "tokens of a private window the leak guard flags",
                                minimum=2, surfaces=SDK_ONLY)
@@ -202,7 +204,7 @@ class Params:
         if self.leak_guard == "allow" and self.collaborative:
             warnings.warn(
                 "leak_guard='allow': drafts that copy the user's private history are sent to "
-                "the companion word for word; the default 'hold' keeps them on the device",
+                "the companion word for word; the default 'redact' keeps them on the device",
                 PrivateDraftsWarning, stacklevel=3)
         if self.adaptive_k and not 1 <= self.k <= self.k_max:
             raise ValueError(f"adaptive_k needs 1 <= k <= k_max, not k={self.k!r}, "

@@ -107,7 +107,7 @@ def test_reply_draft_offline_and_back_then_send(browser, mail_app, tmp_path: Pat
     # the draft started from the prompt prepared while typing (all of it, or all but its last
     # tokens)
     # the privacy panel's leak guard line: the default policy and the counts of this draft
-    assert leak_guard_line(page)[0] == "hold"
+    assert leak_guard_line(page)[0] == "redact"
     done = page.inner_text("#suggestion-state")
     assert "partly offline" in done, done
     prefilled = re.search(r"(\d+) of (\d+) prompt tokens prefilled", done)

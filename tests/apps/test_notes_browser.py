@@ -105,7 +105,7 @@ def test_write_continue_lose_and_regain_the_companion(browser, notes_app) -> Non
     page.wait_for_selector("#cancel", state="hidden", timeout=60000)
     assert page.locator("#accept").is_enabled()
     # the privacy panel's leak guard line: the default policy and the counts of this run
-    assert leak_guard_line(page)[0] == "hold"
+    assert leak_guard_line(page)[0] == "redact"
     # the continuation started from the prompt prepared while typing: all of it (a prompt held
     # exactly is not run again) or all but its last tokens was prefilled before the click
     done = page.inner_text("#suggestion-state")

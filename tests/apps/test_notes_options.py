@@ -126,13 +126,13 @@ def test_settings_choose_the_leak_guard_and_refuse_a_bad_one(server) -> None:
     url, engine = server
     with urllib.request.urlopen(f"{url}/api/settings", timeout=10) as answer:
         settings = json.loads(answer.read())
-    assert settings["leak_guard"] == "hold" and settings["leak_guards"] == [
+    assert settings["leak_guard"] == "redact" and settings["leak_guards"] == [
         "allow", "redact", "hold"]
     status, body = _post(f"{url}/api/settings", {"leak_guard": "block"})
     assert status == 400 and "leak_guard" in body["error"]
-    assert engine.settings.leak_guard == "hold"  # a refused change changes nothing
-    status, body = _post(f"{url}/api/settings", {"leak_guard": "redact"})
-    assert status == 200 and body["leak_guard"] == "redact" == engine.settings.leak_guard
+    assert engine.settings.leak_guard == "redact"  # a refused change changes nothing
+    status, body = _post(f"{url}/api/settings", {"leak_guard": "hold"})
+    assert status == 200 and body["leak_guard"] == "hold" == engine.settings.leak_guard
 
 
 def test_prepare_answers_ready_once_the_prefill_is_done(tiny_model) -> None:

@@ -64,9 +64,10 @@ def _tokens(page) -> tuple[str, set[str]]:
     return "".join(tokens.all_text_contents()), provenance
 
 
-def _steered_or_held(page, provenance: set[str], policy: str = "hold") -> None:
-    """The companion steered the text; a token written on the device alone is one the leak
-    guard (the apps' default, hold) kept there, as the privacy panel says."""
+def _steered_or_held(page, provenance: set[str], policy: str = "redact") -> None:
+    """The companion steered the text under the policy the privacy panel shows (the apps'
+    default, redact); a token written on the device alone is one the leak guard kept there
+    (hold), as the panel says."""
     assert provenance & {"draft", "recovered", "bonus"}, provenance
     shown, _, _, kept = leak_guard_line(page)
     assert shown == policy
@@ -121,9 +122,10 @@ def test_notes_on_the_real_pair(browser, companion_behind_proxy, tmp_path: Path)
         page.click("#accept")
         assert page.input_value("#body") == NOTE + text
 
-        # the companion lost and back inside one continuation; under the default "hold" a
-        # continuation whose draft copies the persona's notes finishes on the device and never
-        # reconnects, so this part runs under "redact" (steering goes on past a copy)
+        # the companion lost and back inside one continuation; under "hold" a continuation
+        # whose draft copies the persona's notes finishes on the device and never reconnects,
+        # so this part runs under "redact" (steering goes on past a copy), chosen again in the
+        # settings: the panel's policy is the one the continuation ran under
         choose_leak_guard(page, "redact")
         page.click("#continue")
         page.wait_for_function(f"{STEERED} >= 4", timeout=300000)

@@ -102,8 +102,10 @@ def test_redact_and_hold_send_no_private_window_address_or_number(pair, allowed,
 
 
 def test_the_default_settings_keep_the_copy_on_the_device(pair, allowed):
-    """Private by default: the copy `allow` sends never goes up with no leak_guard given."""
+    """Private by default: the copy `allow` sends never goes up with no leak_guard given, and
+    the companion goes on steering past it (the default is redact: nothing written locally)."""
     result, copied, sent = _generate(pair, None)
-    assert result.stats.leak_flagged > 0 and result.stats.leak_held > 0
+    assert result.stats.leak_flagged > 0 and result.stats.leak_redacted > 0
+    assert result.stats.leak_held == 0 and "local" not in result.provenance
     assert copied == 0
     assert LOCAL_PART not in sent.lower() and LOCAL_NUMBER not in _digits(sent)

@@ -33,8 +33,8 @@ def _generate(specialist, generalist, case: dict, max_new: int, pins: dict = PIN
     tok = specialist.tokenizer
     prompt = DevicePrompt(tok.encode(pins["private"]), tok.encode(pins["public"]))
     # pins are the method's cold-start text; a warm start (timing-dependent) is pinned elsewhere;
-    # and the method's own drafts: the leak guard (the default "hold" ends collaboration where a
-    # draft copies the private prompt) is tested on its own (test_leak_guard*.py)
+    # and the method's own drafts: the leak guard (the default "redact" cuts a draft where it
+    # copies the private prompt) is tested on its own (test_leak_guard*.py)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", PrivateDraftsWarning)
         params = Params(max_new_tokens=max_new, warm_start=False, leak_guard="allow", **case)

@@ -176,7 +176,7 @@ def decoding_options_schema(settings: type[Params] = Params) -> dict[str, Any]:
 
 
 def option_schema(entry: Entry) -> dict[str, Any]:
-    """One option as JSON Schema: its type, range or choices, and help."""
+    """One option as JSON Schema: its type, range or choices, default and help."""
     meta = entry.option
     if entry.is_phrases:
         schema: dict[str, Any] = {"type": "array", "items": {
@@ -193,6 +193,9 @@ def option_schema(entry: Entry) -> dict[str, Any]:
                        ("maximum", meta.maximum)):
         if value is not None:
             schema[key] = int(value) if float(value).is_integer() else value
+    if entry.default is not None:  # what an omitted option is: clients show it, no copy
+        schema["default"] = (list(entry.default) if isinstance(entry.default, tuple)
+                             else entry.default)
     return {**schema, "description": meta.help}
 
 

@@ -267,7 +267,7 @@ export interface DecodingOptions {
    */
   adaptive_k?: boolean;
   /**
-   * what a draft that copies private history does: hold (the default: nothing of the copy, nor after it, is sent; the rest is written on the device alone), redact (cut from the draft), allow (sent, counted; warns PrivateDraftsWarning); the counts are in stats.leak_flagged / leak_redacted / leak_held (docs/companion-security.md; the default measured: docs/BENCHMARKS.md, "Leak guard", run 6)
+   * what a draft that copies private history does: redact (the default: the copied word and the tokens after it are cut from the draft, and the pick at that place writes another word), hold (nothing of the copy, nor after it, is sent; the rest is written on the device alone), allow (sent, counted; warns PrivateDraftsWarning); the counts are in stats.leak_flagged / leak_redacted / leak_held (docs/companion-security.md; the default measured: docs/BENCHMARKS.md, "Leak guard", run 8)
    */
   leak_guard?: "allow" | "redact" | "hold";
 }
