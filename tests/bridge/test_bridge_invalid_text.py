@@ -9,11 +9,30 @@ import json
 from urllib.parse import urlsplit
 
 import pytest
+from helpers.bridge_process import BridgeProcess
 from test_bridge_http import MODEL, start_http
 
 from specsteer.bridge import errors
 
 BAD = "Budget \ud800 review"
+
+
+@pytest.fixture(scope="module")
+def stdio_bridge(tmp_path_factory):
+    """One bridge for every case: each bad request is answered and the bridge goes on."""
+    folder = tmp_path_factory.mktemp("stdio")
+    bridge = BridgeProcess("--history", str(folder / "h.db"), log=folder / "bridge.log")
+    yield bridge
+    assert bridge.close() == 0
+
+
+@pytest.fixture(scope="module")
+def http_bridge(tmp_path_factory):
+    """One HTTP bridge for every case, the same way: (bridge, url, token)."""
+    folder = tmp_path_factory.mktemp("http")
+    started = start_http(lambda *args: BridgeProcess(*args, log=folder / "bridge.log"), folder)
+    yield started
+    assert started[0].close() == 0
 
 
 @pytest.mark.parametrize(("method", "params", "where"), [
@@ -26,13 +45,11 @@ BAD = "Budget \ud800 review"
     ("history.add", {"kind": "email", "title": BAD, "body": "b"}, "params['title']"),
     ("history.add", {"kind": "email", "body": "b", "meta": {BAD: 1}}, "params['meta']: a key"),
 ])
-def test_invalid_text_is_invalid_params_naming_where(spawn, tmp_path, method, params, where):
-    bridge = spawn("--history", str(tmp_path / "h.db"))
-    answer = bridge.call(method, params)
+def test_invalid_text_is_invalid_params_naming_where(stdio_bridge, method, params, where):
+    answer = stdio_bridge.call(method, params)
     assert answer["error"]["code"] == errors.INVALID_PARAMS, answer
     assert answer["error"]["message"].startswith(f"{where} is not valid Unicode text"), answer
-    assert bridge.call("generate", {"query": "ok", "max_new_tokens": 2})["result"]["text"]
-    assert bridge.close() == 0
+    assert stdio_bridge.call("generate", {"query": "ok", "max_new_tokens": 2})["result"]["text"]
 
 
 def test_an_id_or_method_with_a_lone_surrogate_is_answered(spawn):
@@ -61,12 +78,11 @@ def _post(url: str, token: str, body: dict) -> tuple[int, dict]:
     ({"messages": [{"role": "user", "content": "hi"}], "specsteer": {"prefix": BAD}},
      "the body['specsteer']['prefix']"),
 ])
-def test_the_http_endpoint_answers_400(spawn, tmp_path, body, where):
-    bridge, url, token = start_http(spawn, tmp_path)
+def test_the_http_endpoint_answers_400(http_bridge, body, where):
+    bridge, url, token = http_bridge
     status, answer = _post(url, token, body)
     assert status == 400 and answer["error"]["code"] == "invalid_params", answer
     assert answer["error"]["message"].startswith(f"{where} is not valid Unicode text")
     status, _ = _post(url, token, {"model": MODEL, "max_tokens": 2,
                                    "messages": [{"role": "user", "content": "hi"}]})
-    assert status == 200
-    assert bridge.close() == 0
+    assert status == 200 and bridge.proc.poll() is None  # and it goes on

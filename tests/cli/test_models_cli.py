@@ -85,7 +85,7 @@ def test_list_on_empty_home(home):
     assert result.exit_code == 0, result.output
     for name in registry_lib.registry():
         assert name in result.stdout
-    assert str(home) in result.stdout.replace("\n", "")
+    assert f"models in {home}\n" in result.stdout  # whole, however long (was cut at 80)
     assert "yes" not in result.stdout
 
 

@@ -204,9 +204,16 @@ def test_an_added_pair_serves_by_name_in_the_companion_client_and_bridge(home, t
         compile_model("my-small", "fp32")
 
 
-def test_a_name_is_checked_before_anything_is_built(home, tmp_path):
+@pytest.fixture(scope="module")
+def qwen2_folder() -> Path:
+    """The tiny Qwen2 HF folder from the shared test-model cache (built there once), not from
+    the test's empty home, where it was rebuilt on every run (~9 s)."""
+    return tiny_hf_folder("qwen2")
+
+
+def test_a_name_is_checked_before_anything_is_built(qwen2_folder, home, tmp_path):
     folder = tmp_path / "m"
-    shutil.copytree(tiny_hf_folder("qwen2"), folder)
+    shutil.copytree(qwen2_folder, folder)
     for name, why in (("qwen2.5-0.5b", "a registry model's"), ("Bad Name", "lower-case")):
         with pytest.raises(ModelError, match=why):
             add_model(folder, name=name)

@@ -180,7 +180,9 @@ def list_models(
     if as_json:
         typer.echo(json.dumps(rows, indent=2))
         return
-    table = Table(title=f"models in {registry.home()}", box=box.SIMPLE_HEAD)
+    # the folder on a line of its own: as the table's title a long path was cut to its width
+    typer.echo(f"models in {registry.home()}")
+    table = Table(box=box.SIMPLE_HEAD)
     table.add_column("model (role)")
     table.add_column("fetched")
     table.add_column("GGUF (size, sha256)", no_wrap=True)
