@@ -88,6 +88,97 @@ class FrontEndpoint(Protocol):
         ...
 
 
+class AdmittedConnection(ServerConnection):
+    """Reports itself to the gate as soon as the TCP socket is accepted, before any TLS
+    handshake: a socket that never starts one is counted, capped and shed like any
+    other that has not logged in (asyncio's own TLS would hand it over only after the
+    handshake, so a flood of silent sockets would hold descriptors beyond every cap)."""
+
+    # bound per server by `WebSocketFront._connection_class`
+    admission_gate: AdmissionGate
+    tls_context: ssl.SSLContext | None = None
+    tls_handshake_s: float = 5.0
+    entry: Entry | None = None
+    endpoint: FrontEndpoint | None = None  # once the websocket handshake is done
+    raw: asyncio.BaseTransport | None = None  # the TCP transport, under any TLS
+    made = False  # the websocket connection has its transport (after any TLS)
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.early: list[bytes | None] = []  # data (None: EOF) before `made`
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.raw = transport
+        peername = transport.get_extra_info("peername")
+        peer = str(peername[0]) if peername else "?"
+        admission = self.admission_gate.connect(peer, owner=self)
+        for shed in admission.shed:
+            log.warning("closed a connection from %s that had not logged in, to make "
+                        "room for a new one (%d waiting)", shed.peer,
+                        self.admission_gate.unauthenticated)
+            shed.owner.abort()
+        self.entry = admission.entry
+        if self.entry is None:
+            log.warning("refused a connection from %s: %s", peer, admission.refused)
+            transport.abort()
+        elif self.tls_context is None:
+            self._made(transport)
+        else:  # no byte may reach this protocol before TLS takes the transport over
+            transport.pause_reading()  # type: ignore[attr-defined]
+            self.securing = asyncio.ensure_future(self._secure(transport))
+
+    async def _secure(self, transport: asyncio.BaseTransport) -> None:
+        try:
+            secure = await asyncio.get_running_loop().start_tls(
+                transport, self, self.tls_context, server_side=True,  # type: ignore[arg-type]
+                ssl_handshake_timeout=self.tls_handshake_s, ssl_shutdown_timeout=10)
+        except (OSError, ssl.SSLError, *TIMEOUTS) as exc:  # a handshake that failed
+            log.debug("TLS handshake failed: %r", exc)
+            self.abort()
+            return
+        if secure is None or self.entry is None or not self.entry.counted:
+            self.abort()  # shed while it shook hands
+            return
+        self._made(secure)
+
+    def _made(self, transport: asyncio.BaseTransport) -> None:
+        self.made = True
+        super().connection_made(transport)
+        early, self.early = self.early, []
+        for data in early:  # what TLS delivered before its handshake's waiter woke us
+            if data is None:
+                super().eof_received()
+            else:
+                super().data_received(data)
+
+    def abort(self) -> None:
+        """Close at once, whatever the handshake has reached."""
+        if self.entry is not None:
+            self.admission_gate.disconnect(self.entry)
+        if self.made:
+            self.transport.abort()
+        elif self.raw is not None:
+            self.raw.abort()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.entry is not None:
+            self.admission_gate.disconnect(self.entry)
+        if self.made:
+            super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        if self.made:
+            super().data_received(data)
+        else:
+            self.early.append(data)
+
+    def eof_received(self) -> bool | None:
+        if self.made:
+            return super().eof_received()
+        self.early.append(None)
+        return None
+
+
 class WebSocketFront(ABC):
     """What every companion server does with sockets: admission at accept (`AdmissionGate`),
     the life of one device websocket (the Hello deadline, idle time, each frame through the
@@ -146,94 +237,10 @@ class WebSocketFront(ABC):
     # -- admission at accept ---------------------------------------------------------------
 
     def _connection_class(self) -> type[ServerConnection]:
-        gate, tls, handshake_s = self.gate, self.ssl_context, self.config.hello_timeout_s
-
-        class AdmittedConnection(ServerConnection):
-            """Reports itself to the gate as soon as the TCP socket is accepted, before any TLS
-            handshake: a socket that never starts one is counted, capped and shed like any
-            other that has not logged in (asyncio's own TLS would hand it over only after the
-            handshake, so a flood of silent sockets would hold descriptors beyond every cap)."""
-
-            entry: Entry | None = None
-            endpoint: FrontEndpoint | None = None  # once the websocket handshake is done
-            raw: asyncio.BaseTransport | None = None  # the TCP transport, under any TLS
-            made = False  # the websocket connection has its transport (after any TLS)
-
-            def __init__(self, *args: Any, **kwargs: Any) -> None:
-                super().__init__(*args, **kwargs)
-                self.early: list[bytes | None] = []  # data (None: EOF) before `made`
-
-            def connection_made(self, transport: asyncio.BaseTransport) -> None:
-                self.raw = transport
-                peername = transport.get_extra_info("peername")
-                peer = str(peername[0]) if peername else "?"
-                admission = gate.connect(peer, owner=self)
-                for shed in admission.shed:
-                    log.warning("closed a connection from %s that had not logged in, to make "
-                                "room for a new one (%d waiting)", shed.peer, gate.unauthenticated)
-                    shed.owner.abort()
-                self.entry = admission.entry
-                if self.entry is None:
-                    log.warning("refused a connection from %s: %s", peer, admission.refused)
-                    transport.abort()
-                elif tls is None:
-                    self._made(transport)
-                else:  # no byte may reach this protocol before TLS takes the transport over
-                    transport.pause_reading()  # type: ignore[attr-defined]
-                    self.securing = asyncio.ensure_future(self._secure(transport))
-
-            async def _secure(self, transport: asyncio.BaseTransport) -> None:
-                try:
-                    secure = await asyncio.get_running_loop().start_tls(
-                        transport, self, tls, server_side=True,  # type: ignore[arg-type]
-                        ssl_handshake_timeout=handshake_s, ssl_shutdown_timeout=10)
-                except (OSError, ssl.SSLError, *TIMEOUTS) as exc:  # a handshake that failed
-                    log.debug("TLS handshake failed: %r", exc)
-                    self.abort()
-                    return
-                if secure is None or self.entry is None or not self.entry.counted:
-                    self.abort()  # shed while it shook hands
-                    return
-                self._made(secure)
-
-            def _made(self, transport: asyncio.BaseTransport) -> None:
-                self.made = True
-                super().connection_made(transport)
-                early, self.early = self.early, []
-                for data in early:  # what TLS delivered before its handshake's waiter woke us
-                    if data is None:
-                        super().eof_received()
-                    else:
-                        super().data_received(data)
-
-            def abort(self) -> None:
-                """Close at once, whatever the handshake has reached."""
-                if self.entry is not None:
-                    gate.disconnect(self.entry)
-                if self.made:
-                    self.transport.abort()
-                elif self.raw is not None:
-                    self.raw.abort()
-
-            def connection_lost(self, exc: Exception | None) -> None:
-                if self.entry is not None:
-                    gate.disconnect(self.entry)
-                if self.made:
-                    super().connection_lost(exc)
-
-            def data_received(self, data: bytes) -> None:
-                if self.made:
-                    super().data_received(data)
-                else:
-                    self.early.append(data)
-
-            def eof_received(self) -> bool | None:
-                if self.made:
-                    return super().eof_received()
-                self.early.append(None)
-                return None
-
-        return AdmittedConnection
+        """`AdmittedConnection` bound to this front's gate and TLS settings."""
+        return type("AdmittedConnection", (AdmittedConnection,), {
+            "admission_gate": self.gate, "tls_context": self.ssl_context,
+            "tls_handshake_s": self.config.hello_timeout_s})
 
     # -- one connection ----------------------------------------------------------------------
 
