@@ -247,13 +247,13 @@ class LeakGuard:
         allowed = self.allowed(context, ids)
         if withheld is not None:
             allowed &= ids != withheld
-        away = {_letters(self.tokenizer.decode([int(t)])) for t in ids[~allowed]}
+        letters = [_letters(self.tokenizer.decode([int(t)])) for t in ids]
+        away = {spelt for spelt, ok in zip(letters, allowed, strict=True) if not ok}
         if withheld is not None:
             away.add(_letters(self.tokenizer.decode([withheld])))
         away.discard("")
         if away:
-            allowed &= np.array([not _respells(_letters(self.tokenizer.decode([int(t)])), away)
-                                 for t in ids], dtype=bool)
+            allowed &= np.array([not _respells(spelt, away) for spelt in letters], dtype=bool)
         return allowed
 
     def word_start(self, ids: Sequence[int], index: int, floor: int = 0) -> int:

@@ -261,14 +261,14 @@ class SteeredRounds:
         if self.guard is None:
             return
         sent = len(self.text) - len(self.committed)
-        flag = self.guard.scan(self.text[:sent], [*self.committed, *current.tokens])
+        run = [*self.committed, *current.tokens]  # what would leave
+        flag = self.guard.scan(self.text[:sent], run)
         if flag is None:
             return
         self.stats.leak_flagged += 1
         if self.guard.policy == "hold":
             raise LeakHeld(flag)
         if self.guard.policy == "redact":  # from the flagged word's first unsent token
-            run = [*self.committed, *current.tokens]
             cut = max(0, self.guard.word_start(run, flag.index, len(self.committed))
                       - len(self.committed))
             if flag.index >= len(self.committed):
