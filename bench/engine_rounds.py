@@ -8,8 +8,16 @@ Reported per engine and length: the median round time, and for vLLM the share of
 round's prompt tokens its prefix cache served (after the first round) and the most tokens a
 round recomputed. The target: a round at 2,000 context tokens within 1.3x of one at 200.
 
+`--sessions N [N ...]` measures instead what many devices cost the engine alone (no
+websockets, no P_S0): N sessions at once, one thread each, each with its own owner (so its
+own prefix-cache salt) and prompt of `--contexts`' first length, opened together and then
+running `--rounds` rounds; reported per N: the open p50, round p50/p99 and the engine's scored
+tokens per second.
+
     flock /tmp/specsteer-heavy.lock python bench/engine_rounds.py --contexts 200 2000 \\
         --rounds 12 --json /tmp/engine-rounds.json
+    flock /tmp/specsteer-heavy.lock python bench/engine_rounds.py --dtype float32 \\
+        --sessions 1 16 --contexts 60 --rounds 4
 """
 
 from __future__ import annotations
@@ -17,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import threading
 import time
 from pathlib import Path
 
@@ -39,9 +48,12 @@ def prose_ids(tokenizer, length: int) -> list[int]:
     return ids[:length]
 
 
-def rounds(engine, prompt: list[int], count: int, k: int, fresh: list[int]) -> dict:
+def rounds(engine, prompt: list[int], count: int, k: int, fresh: list[int],
+           owner: str = "bench") -> dict:
+    started = time.perf_counter()
     session = engine.open(prompt, max_length=len(prompt) + 8 * count * (k + 1) + 8,
-                          temperature=1.0, owner="bench")
+                          temperature=1.0, owner=owner)
+    opened_ms = 1e3 * (time.perf_counter() - started)
     times = []
     for r in range(count):
         draft = fresh[r * k:(r + 1) * k]
@@ -50,7 +62,7 @@ def rounds(engine, prompt: list[int], count: int, k: int, fresh: list[int]) -> d
         session.score([*committed, *draft], len(committed), 64)
         times.append(time.perf_counter() - started)
         session.keep(len(committed) + 2)
-    out = {"round_ms": [1e3 * t for t in times]}
+    out = {"round_ms": [1e3 * t for t in times], "open_ms": opened_ms}
     if hasattr(session, "rounds"):
         later = session.rounds[1:]
         out["cached_share"] = sum(c for _, c in later) / max(sum(t for t, _ in later), 1)
@@ -68,8 +80,12 @@ def main() -> None:
     parser.add_argument("--precision", default="int8", help="the ONNX Runtime Generalist's")
     parser.add_argument("--kv-cache-gib", type=float, default=2.0)
     parser.add_argument("--cpus", default=None, help="vLLM's cores (VLLM_CPU_OMP_THREADS_BIND)")
+    parser.add_argument("--sessions", type=int, nargs="+",
+                        help="N concurrent sessions on the vLLM engine alone (see above)")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
+    if args.sessions:
+        return concurrent(args)
 
     ort = TrackScoring(load_model(compile_model("qwen2.5-1.5b", args.precision), threads=1))
     engine = VllmScoring(VllmOptions(model=str(hf_dir("qwen2.5-1.5b", args.dtype)),
@@ -95,6 +111,48 @@ def main() -> None:
         low, high = min(mine), max(mine)
         print(f"{name}: round p50 {mine[low]:.0f} ms at {low} tokens, {mine[high]:.0f} ms at "
               f"{high}: {mine[high] / mine[low]:.2f}x")
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=1))
+
+
+def concurrent(args: argparse.Namespace) -> None:
+    """N sessions at once on one engine, each its own device (owner) and prompt."""
+    engine = VllmScoring(VllmOptions(model=str(hf_dir("qwen2.5-1.5b", args.dtype)),
+                                     dtype=args.dtype, kv_cache_gib=args.kv_cache_gib,
+                                     cpus=args.cpus))
+    length, results = args.contexts[0], []
+    try:
+        ids = prose_ids(engine.tokenizer, 64 * length + 400)
+        rounds(engine, ids[:64], 2, args.k, ids[-400:], owner="warm")  # warm the code paths
+        for n in args.sessions:
+            got: list[dict] = []
+            lock = threading.Lock()
+
+            def device(i: int, n: int = n, got: list[dict] = got,
+                       lock: threading.Lock = lock) -> None:
+                start = (i % 64) * length  # a prompt of its own
+                one = rounds(engine, ids[start:start + length], args.rounds, args.k,
+                             ids[-400:], owner=f"device-{n}-{i}")
+                with lock:
+                    got.append(one)
+
+            began = time.perf_counter()
+            threads = [threading.Thread(target=device, args=(i,)) for i in range(n)]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+            wall = time.perf_counter() - began
+            times = sorted(t for one in got for t in one["round_ms"])
+            row = {"sessions": n, "context": length, "wall_s": wall,
+                   "open_p50_ms": statistics.median(one["open_ms"] for one in got),
+                   "round_p50_ms": statistics.median(times),
+                   "round_p99_ms": times[max(0, -(-99 * len(times) // 100) - 1)],
+                   "scored_tokens_per_s": len(times) * (args.k + 1) / wall}
+            results.append(row)
+            print(json.dumps(row), flush=True)
+    finally:
+        engine.close()
     if args.json:
         args.json.write_text(json.dumps(results, indent=1))
 

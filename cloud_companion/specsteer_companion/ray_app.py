@@ -78,6 +78,7 @@ def _authenticator(config: RayCompanionConfig):  # type: ignore[no-untyped-def]
 
 def _load_verifier(config: RayCompanionConfig) -> Verifier:
     from specsteer.runtime import load_model
+    from specsteer.runtime.folder import resolve_folder
 
     m = config.models
     if m.engine == "vllm":  # one engine per replica, sized by the replica's GPUs
@@ -86,8 +87,8 @@ def _load_verifier(config: RayCompanionConfig) -> Verifier:
         g = VllmScoring(m.vllm_options())
     else:
         g = load_model(m.generalist, precision=m.precision, threads=m.threads)
-    s = None if m.specialist == "none" else load_model(m.specialist, precision=m.precision,
-                                                        threads=m.threads)
+    s = None if m.specialist == "none" else load_model(
+        resolve_folder(m.specialist, m.specialist_precision, device=True), threads=m.threads)
     return Verifier(g, s, m.max_session_tokens)
 
 

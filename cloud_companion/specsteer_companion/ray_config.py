@@ -22,7 +22,10 @@ class ModelsSection:
 
     generalist: str = "qwen2.5-1.5b"
     specialist: str = "qwen2.5-0.5b"  # "none": devices send P_S0 themselves
-    precision: str = "int8"
+    precision: str = "int8"  # of registry models: the Generalist's
+    # a registry Specialist's; None: the one devices run it at (`ModelSpec.device_default`),
+    # so the replicas hold the devices' very artifact as P_S0
+    specialist_precision: str | None = None
     threads: int = 1  # ONNX Runtime threads per model
     max_session_tokens: int = 4096
     # where the Generalist runs: "onnx" (ONNX Runtime in the replica) or "vllm" (one vLLM

@@ -25,12 +25,19 @@ PERSONA_FILES = ("notes.json", "sent.mbox")
 PERSONA_QUERY = {"subject": "Bulb planting day", "to": "the growers list"}
 
 
-def prepare_models(names: list[str], precision: str, say: Callable[[str], None]) -> None:
-    """Fetch and compile what the demo needs (cached after the first run)."""
+def device_precision(specialist: str, asked: str | None) -> str:
+    """The precision the demo's device runs `specialist` at: `asked`, else a device's default."""
+    from specsteer.models.registry import get_spec
+
+    return asked or get_spec(specialist).device_default
+
+
+def prepare_models(models: list[tuple[str, str]], say: Callable[[str], None]) -> None:
+    """Fetch and compile each (name, precision) the demo needs (cached after the first run)."""
     from specsteer.models.compile import compile_model
     from specsteer.models.fetch import fetch
 
-    for name in names:
+    for name, precision in models:
         fetch(name, progress=say)
         compile_model(name, precision, progress=say)
 

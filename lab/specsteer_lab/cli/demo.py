@@ -42,7 +42,10 @@ def demo_command(
     ] = None,
     specialist: Annotated[str, typer.Option()] = "qwen2.5-0.5b",
     generalist: Annotated[str, typer.Option()] = "qwen2.5-1.5b",
-    precision: Annotated[str, typer.Option()] = "int8",
+    precision: Annotated[str, typer.Option(help="The Generalist's compiled precision")] = "int8",
+    specialist_precision: Annotated[str | None, typer.Option(
+        help="The Specialist's (default: the one a device runs it at, docs/models.md); the "
+             "companion's P_S0 is the same artifact")] = None,
     # 640, not the email task's 768: the persona's letter at 768 (one more example in the
     # prompt) repeats a line until the token limit and loses its sign-off (measured, greedy)
     max_prompt_tokens: Annotated[
@@ -59,7 +62,8 @@ def demo_command(
 
     say = lambda msg: console.print(f"[dim]{msg}[/dim]")  # noqa: E731
     try:
-        demo_lib.prepare_models([specialist, generalist], precision, say)
+        device_precision = demo_lib.device_precision(specialist, specialist_precision)
+        demo_lib.prepare_models([(specialist, device_precision), (generalist, precision)], say)
         if data is None:
             store, query, gold = demo_lib.persona_store(), demo_lib.PERSONA_QUERY, None
             say(f"history: {len(store)} notes and sent emails of the persona (sample_apps/data)")
@@ -68,11 +72,13 @@ def demo_command(
             query, gold = shared.query, shared.gold
             say(f"history: {len(store)} earlier posts of {shared.user}")
         say("starting the companion (loads the Generalist and the generic Specialist)...")
-        proc, url = start_companion(generalist, specialist, precision)
+        proc, url = start_companion(generalist, specialist, precision,
+                                    args=["--specialist-precision", device_precision])
         try:
             # the device runs the very artifact the companion serves as P_S0
             client = Client(
-                load_device_model(specialist, precision=precision), history=store, companion=url,
+                load_device_model(specialist, precision=device_precision), history=store,
+                companion=url,
                 max_prompt_tokens=max_prompt_tokens or None,
             )
             where = query.get("newsgroup") or query.get("to") or "?"

@@ -1,0 +1,59 @@
+"""The precision a device runs the registry's Specialist at, and every part that must agree on it.
+
+w8a8 (int8 activations) prefills about 2.3x int8 on one core; it became the device default after
+its fidelity run (docs/BENCHMARKS.md, "The device's precision"). The companion's P_S0 must be the
+devices' very artifact, so the companion, the Ray replicas and the demo resolve it the same way.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from specsteer.errors import ModelNotCompiled
+from specsteer.models.registry import get_spec, packaged
+from specsteer.runtime.folder import resolve_folder
+from specsteer_companion.ray_config import parse_config
+from specsteer_lab import demo as demo_lib
+
+
+def test_the_registry_specialist_runs_at_w8a8_on_a_device_and_int8_elsewhere():
+    spec = get_spec("qwen2.5-0.5b")
+    assert spec.device_default == "w8a8"
+    assert spec.default_precision == "int8"  # the companion's Generalist-side default is kept
+    # only the measured model changed: every other model runs on a device at its own default
+    others = {name: s.device_default for name, s in packaged().items() if name != spec.name}
+    assert others == {name: s.default_precision for name, s in packaged().items()
+                      if name != spec.name}
+
+
+def test_a_device_asks_for_the_w8a8_folder_and_says_how_to_build_it(monkeypatch, tmp_path):
+    monkeypatch.setenv("SPECSTEER_HOME", str(tmp_path / "home"))
+    with pytest.raises(ModelNotCompiled, match="--precision w8a8"):
+        resolve_folder("qwen2.5-0.5b", None, device=True)
+    with pytest.raises(ModelNotCompiled, match="--precision int8"):
+        resolve_folder("qwen2.5-0.5b", None)  # not a device: the registry's own default
+    with pytest.raises(ModelNotCompiled, match="--precision int8"):
+        resolve_folder("qwen2.5-0.5b", "int8", device=True)  # asked for: kept
+
+
+def test_the_demo_runs_the_device_default_unless_asked():
+    assert demo_lib.device_precision("qwen2.5-0.5b", None) == "w8a8"
+    assert demo_lib.device_precision("qwen2.5-0.5b", "int8") == "int8"
+    assert demo_lib.device_precision("qwen2.5-1.5b", None) == "int8"
+
+
+def test_ray_replicas_load_the_devices_artifact_as_p_s0(monkeypatch, tmp_path):
+    from specsteer.models.tiny import tiny_model_dir
+    from specsteer_companion.ray_app import _load_verifier
+
+    generalist = str(tiny_model_dir("llama", seed=1))  # built in the real cache first
+    monkeypatch.setenv("SPECSTEER_HOME", str(tmp_path / "home"))  # no Qwen folder compiled
+    models = {"generalist": generalist, "specialist": "qwen2.5-0.5b"}
+    config = parse_config({"models": models, "open_access": True})
+    assert config.models.specialist_precision is None
+    with pytest.raises(ModelNotCompiled, match="--precision w8a8"):  # what devices run
+        _load_verifier(config)
+    config = parse_config({"models": {**models, "specialist_precision": "int8"},
+                           "open_access": True})
+    with pytest.raises(ModelNotCompiled, match="--precision int8"):  # asked for: kept
+        _load_verifier(config)
