@@ -1,9 +1,10 @@
 """The models and the companion process the sample apps use (shared by notes and mail).
 
 `models(tiny)` gives the (device Specialist, companion Generalist) folders: the compiled Qwen2.5
-0.5B/1.5B int8 pair (`./dev demo` compiles it), or with `tiny` the tiny test models (random
-weights: they write random text; for tests, and `--tiny` shows a banner saying so). Without the
-compiled pair and without `tiny` it stops with what to do, rather than writing random text.
+0.5B/1.5B pair (the 0.5B at the device default, w8a8; the 1.5B at int8; `./dev demo` compiles
+both), or with `tiny` the tiny test models (random weights: they write random text; for
+tests, and `--tiny` shows a banner saying so). Without the compiled pair and without `tiny` it
+stops with what to do, rather than writing random text.
 
 `KeptCompanion` runs `specsteer-companion serve` for an app and keeps it running: a companion
 that exits on its own (a crash, a SIGTERM) is reaped at once and started again on the same port,
@@ -38,7 +39,9 @@ def models(tiny: bool) -> tuple[str, str]:
         return str(tiny_model_dir("llama", seed=0)), str(tiny_model_dir("llama", seed=1))
     from specsteer.models.registry import compiled_dir, get_spec
 
-    folders = [compiled_dir(get_spec(name), "int8") for name in PAIR]
+    specs = [get_spec(name) for name in PAIR]  # the device's Specialist at its device default
+    folders = [compiled_dir(specs[0], specs[0].device_default),
+               compiled_dir(specs[1], specs[1].default_precision)]
     if not all(folder.is_dir() for folder in folders):
         missing = ", ".join(name for name, f in zip(PAIR, folders, strict=True) if not f.is_dir())
         raise SystemExit(

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from specsteer.errors import ModelNotCompiled
-from specsteer.models.registry import get_spec, packaged
+from specsteer.models.registry import compiled_dir, get_spec, packaged
 from specsteer.runtime.folder import resolve_folder
 from specsteer_companion.ray_config import parse_config
 from specsteer_lab import demo as demo_lib
@@ -57,3 +57,22 @@ def test_ray_replicas_load_the_devices_artifact_as_p_s0(monkeypatch, tmp_path):
                            "open_access": True})
     with pytest.raises(ModelNotCompiled, match="--precision int8"):  # asked for: kept
         _load_verifier(config)
+
+
+def test_the_sample_apps_run_the_device_default(monkeypatch, tmp_path):
+    import sys
+    from pathlib import Path
+
+    monkeypatch.setenv("SPECSTEER_HOME", str(tmp_path / "home"))
+    monkeypatch.syspath_prepend(str(Path(__file__).parents[2] / "sample_apps"))
+    sys.modules.pop("companion", None)
+    from companion import models
+
+    generalist = compiled_dir(get_spec("qwen2.5-1.5b"), "int8")
+    int8, w8a8 = (compiled_dir(get_spec("qwen2.5-0.5b"), p) for p in ("int8", "w8a8"))
+    for folder in (generalist, int8):
+        folder.mkdir(parents=True)
+    with pytest.raises(SystemExit, match="qwen2.5-0.5b"):  # its int8 folder is not the one
+        models(tiny=False)
+    w8a8.mkdir(parents=True)
+    assert models(tiny=False) == (str(w8a8), str(generalist))
