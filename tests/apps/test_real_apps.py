@@ -127,6 +127,9 @@ def test_notes_on_the_real_pair(browser, companion_behind_proxy, tmp_path: Path)
         # so this part runs under "redact" (steering goes on past a copy), chosen again in the
         # settings: the panel's policy is the one the continuation ran under
         choose_leak_guard(page, "redact")
+        # from the note as it was, whose continuation (above) runs past 4 steered tokens: the
+        # accepted note may be one the model deems finished (greedy: the same end every time)
+        page.fill("#body", NOTE)
         page.click("#continue")
         page.wait_for_function(f"{STEERED} >= 4", timeout=300000)
         proxy.set_online(False)
