@@ -44,7 +44,13 @@ def real_pair() -> tuple[str, str]:
         pytest.skip("SPECSTEER_SKIP_REAL is set")
     sys.path.insert(0, str(REPO / "sample_apps"))
     from companion import models
+    from helpers.real_models import real_folder
 
+    from specsteer.models.registry import get_spec
+
+    for name, precision in (("qwen2.5-0.5b", get_spec("qwen2.5-0.5b").device_default),
+                            ("qwen2.5-1.5b", "int8")):
+        real_folder(name, precision)  # built here if `./dev demo` has not built it yet
     try:
         return models(tiny=False)
     except SystemExit as missing:
