@@ -88,9 +88,7 @@ def main() -> None:
         return concurrent(args)
 
     ort = TrackScoring(load_model(compile_model("qwen2.5-1.5b", args.precision), threads=1))
-    engine = VllmScoring(VllmOptions(model=str(hf_dir("qwen2.5-1.5b", args.dtype)),
-                                     dtype=args.dtype, kv_cache_gib=args.kv_cache_gib,
-                                     cpus=args.cpus))
+    engine = vllm_engine(args)
     tokenizer = ort.tokenizer
     results = []
     try:
@@ -115,42 +113,52 @@ def main() -> None:
         args.json.write_text(json.dumps(results, indent=1))
 
 
+def vllm_engine(args: argparse.Namespace) -> VllmScoring:
+    """The 1.5B on vLLM at `--dtype`, sized and bound as the options say."""
+    return VllmScoring(VllmOptions(model=str(hf_dir("qwen2.5-1.5b", args.dtype)),
+                                   dtype=args.dtype, kv_cache_gib=args.kv_cache_gib,
+                                   cpus=args.cpus))
+
+
+def sessions_at_once(engine: VllmScoring, ids: list[int], n: int,
+                     args: argparse.Namespace) -> dict:
+    """N sessions opened and run together, each its own device (owner) and prompt."""
+    length = args.contexts[0]
+    got: list[dict] = []
+    lock = threading.Lock()
+
+    def device(i: int) -> None:
+        start = (i % 64) * length  # a prompt of its own
+        one = rounds(engine, ids[start:start + length], args.rounds, args.k, ids[-400:],
+                     owner=f"device-{n}-{i}")
+        with lock:
+            got.append(one)
+
+    began = time.perf_counter()
+    threads = [threading.Thread(target=device, args=(i,)) for i in range(n)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    wall = time.perf_counter() - began
+    times = sorted(t for one in got for t in one["round_ms"])
+    return {"sessions": n, "context": length, "wall_s": wall,
+            "open_p50_ms": statistics.median(one["open_ms"] for one in got),
+            "round_p50_ms": statistics.median(times),
+            "round_p99_ms": times[max(0, (99 * len(times) + 99) // 100 - 1)],  # nearest rank
+            "scored_tokens_per_s": len(times) * (args.k + 1) / wall}
+
+
 def concurrent(args: argparse.Namespace) -> None:
-    """N sessions at once on one engine, each its own device (owner) and prompt."""
-    engine = VllmScoring(VllmOptions(model=str(hf_dir("qwen2.5-1.5b", args.dtype)),
-                                     dtype=args.dtype, kv_cache_gib=args.kv_cache_gib,
-                                     cpus=args.cpus))
-    length, results = args.contexts[0], []
+    """`--sessions`: each N of them at once on one engine (see the docstring)."""
+    engine = vllm_engine(args)
+    results = []
     try:
-        ids = prose_ids(engine.tokenizer, 64 * length + 400)
+        ids = prose_ids(engine.tokenizer, 64 * args.contexts[0] + 400)
         rounds(engine, ids[:64], 2, args.k, ids[-400:], owner="warm")  # warm the code paths
         for n in args.sessions:
-            got: list[dict] = []
-            lock = threading.Lock()
-
-            def device(i: int, n: int = n, got: list[dict] = got,
-                       lock: threading.Lock = lock) -> None:
-                start = (i % 64) * length  # a prompt of its own
-                one = rounds(engine, ids[start:start + length], args.rounds, args.k,
-                             ids[-400:], owner=f"device-{n}-{i}")
-                with lock:
-                    got.append(one)
-
-            began = time.perf_counter()
-            threads = [threading.Thread(target=device, args=(i,)) for i in range(n)]
-            for thread in threads:
-                thread.start()
-            for thread in threads:
-                thread.join()
-            wall = time.perf_counter() - began
-            times = sorted(t for one in got for t in one["round_ms"])
-            row = {"sessions": n, "context": length, "wall_s": wall,
-                   "open_p50_ms": statistics.median(one["open_ms"] for one in got),
-                   "round_p50_ms": statistics.median(times),
-                   "round_p99_ms": times[max(0, -(-99 * len(times) // 100) - 1)],
-                   "scored_tokens_per_s": len(times) * (args.k + 1) / wall}
-            results.append(row)
-            print(json.dumps(row), flush=True)
+            results.append(sessions_at_once(engine, ids, n, args))
+            print(json.dumps(results[-1]), flush=True)
     finally:
         engine.close()
     if args.json:
