@@ -76,7 +76,9 @@ def main() -> None:
     parser.add_argument("--contexts", type=int, nargs="+", default=[200, 2000])
     parser.add_argument("--rounds", type=int, default=12)
     parser.add_argument("--k", type=int, default=4)
-    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--dtype", default="bfloat16", help="the export-hf folder's (w8a8: int8)")
+    parser.add_argument("--compile", action="store_true",
+                        help="let vLLM torch.compile the model (fuses the int8 quantization)")
     parser.add_argument("--precision", default="int8", help="the ONNX Runtime Generalist's")
     parser.add_argument("--kv-cache-gib", type=float, default=2.0)
     parser.add_argument("--cpus", default=None, help="vLLM's cores (VLLM_CPU_OMP_THREADS_BIND)")
@@ -117,7 +119,7 @@ def vllm_engine(args: argparse.Namespace) -> VllmScoring:
     """The 1.5B on vLLM at `--dtype`, sized and bound as the options say."""
     return VllmScoring(VllmOptions(model=str(hf_dir("qwen2.5-1.5b", args.dtype)),
                                    dtype=args.dtype, kv_cache_gib=args.kv_cache_gib,
-                                   cpus=args.cpus))
+                                   cpus=args.cpus, eager=not args.compile))
 
 
 def sessions_at_once(engine: VllmScoring, ids: list[int], n: int,

@@ -8,6 +8,7 @@ trip in each direction. Per user of the newsgroups email task (or the persona of
   * SpecSteer cold (warm_start off: the private prefill beside the companion's session
     opening), SpecSteer warm start (always: `warm_start_min_s` 0), SpecSteer after
     `Client.prepare` (TTFT counted from the final request, prefill done while "typing");
+  * SpecSteer cold with P_S0 on the companion (`s0_on_device=False`, the paper's placement);
   * the Generalist alone (the LLM baseline over the same socket path: the cloud model alone);
   * SLM+RAG (device only; the same at every round trip, run once per user).
 Ratios are against the Generalist alone of the same user and round trip, from this run.
@@ -204,7 +205,12 @@ def measure_writer(args: argparse.Namespace, specialist, upstream: int, label: s
         proxy = DelayProxy(upstream, rtt / 2000.0)
         via = f"ws://127.0.0.1:{proxy.port}"
         for name, params in CONFIGS.items():
+            if args.only and name not in args.only:
+                continue
             rows.append(run_row(client(via), query, gold, name, label, rtt, **params, **common))
+        if args.only and "SpecSteer prepared" not in args.only:
+            proxy.close()
+            continue
         prepared = client(via)
         prepared.prepare(query, task="email", **common).wait()
         rows.append(run_row(prepared, query, gold, "SpecSteer prepared", label, rtt, **common))
@@ -226,6 +232,8 @@ CONFIGS: dict[str, dict[str, object]] = {
     "SpecSteer default": {},  # the Client's own defaults: what an app gets without prepare
     "SpecSteer cold": dict(warm_start=False),
     "SpecSteer warm start": dict(warm_start=True, warm_start_min_s=0.0),
+    # the paper's placement (the default before latency run 7): the companion runs P_S0
+    "SpecSteer cold, P_S0 on the companion": dict(warm_start=False, s0_on_device=False),
 }
 console = Console(width=190)
 
@@ -252,6 +260,9 @@ def main() -> None:
                          "the persona: the demo's 640)")
     ap.add_argument("--preset", default=None, help="default: the Client's (none)")
     ap.add_argument("--cancels", action="store_true", help="also time cancels")
+    ap.add_argument("--only", nargs="+", choices=[*CONFIGS, "SpecSteer prepared"],
+                    help="run these configurations only (the Generalist alone is the ratios' "
+                         "base: keep it)")
     ap.add_argument("--data", type=Path)
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()

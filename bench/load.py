@@ -360,6 +360,7 @@ def main() -> None:
             args.generalist,
             args.specialist,
             args.precision,
+            specialist_precision=args.precision,  # what the recording device loads
             threads=args.threads,
             workers=args.workers,
             batch=batch,
@@ -506,7 +507,8 @@ def starvation(args: argparse.Namespace, console: Console) -> list[dict]:
             # a "before" companion imports from that checkout; this process keeps its code
             env = {"PYTHONPATH": args.before_pythonpath} if name.startswith("before") else None
             proc, url = start_companion(
-                args.generalist, args.specialist, args.precision, threads=args.threads,
+                args.generalist, args.specialist, args.precision,
+                specialist_precision=args.precision, threads=args.threads,
                 workers=args.workers, open_access=False, env=env, core=args.companion_core,
                 args=["--tokens", str(store_path), *extra])
             try:

@@ -126,6 +126,7 @@ def single_companion(args: argparse.Namespace) -> None:
         generalist = (args.vllm_generalist or args.generalist) if backend == "vllm" \
             else args.generalist
         proc, url = start_companion(generalist, args.specialist, args.precision,
+                                    specialist_precision=args.precision,  # the replays' own
                                     batch=backend == "ort", core=args.companion_core,
                                     timeout_s=1800, args=engine)
         try:

@@ -21,6 +21,7 @@ def start_companion(
     specialist: str,
     precision: str = "int8",
     *,
+    specialist_precision: str | None = None,
     threads: int = 1,
     workers: int = 1,
     core: int | None = None,
@@ -35,6 +36,10 @@ def start_companion(
 ) -> tuple[subprocess.Popen[str], str]:
     """Start a companion on a loopback port (`port`; 0: a free one); return it and its ws://
     (or wss://) URL.
+
+    `precision` is the Generalist's; the Specialist (P_S0) is served at `specialist_precision`,
+    by default at a device's (the artifact a `Client` loads by name): a bench whose devices
+    load another precision passes theirs.
 
     `batch` serves with `--batch` (cross-session batched passes, default limits); with
     `args=["--generalist-engine", "vllm", ...]` the Generalist runs on a vLLM engine.
@@ -55,6 +60,7 @@ def start_companion(
         specialist,
         "--precision",
         precision,
+        *(["--specialist-precision", specialist_precision] if specialist_precision else []),
         "--port",
         str(port),
         *(["--open"] if open_access else []),

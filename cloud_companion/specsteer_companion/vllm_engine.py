@@ -81,7 +81,8 @@ class VllmOptions:
 
     model: str  # an HF folder: `specsteer models export-hf NAME` writes one from the registry
     dtype: str = field(default="auto", metadata=flag(  # export-hf states the folder's
-        "--engine-dtype", "vLLM: weight dtype (auto: the folder's)"))
+        "--engine-dtype", "vLLM: weight dtype (auto: the folder's; w8a8: the int8 folder of "
+        "`export-hf --dtype w8a8`)"))
     block_size: int | None = field(default=None, metadata=flag(
         "--engine-block-size", "vLLM: KV block size (default 32 on a CPU)"))
     max_logprobs: int = field(default=DEFAULT_MAX_LOGPROBS, metadata=flag(
@@ -106,10 +107,19 @@ class VllmOptions:
         "--engine-cpus", 'vLLM on a CPU: cores for its threads ("1", "0-3")'))
     seed: int = 0
 
+    def engine_dtype(self, on_cpu: bool) -> str:
+        """vLLM's dtype: as asked, but for a w8a8 folder (whose config names its int8 scheme) the
+        dtype of everything else: fp32 on a CPU (vLLM's "auto" would pick bf16, emulated without
+        AVX512-BF16), the folder's choice on a GPU."""
+        if self.dtype != "w8a8":
+            return self.dtype
+        return "float32" if on_cpu else "auto"
+
     def engine_args(self, on_cpu: bool) -> dict[str, Any]:
         """The `AsyncEngineArgs` keywords for these options on this platform."""
         args: dict[str, Any] = dict(
-            model=self.model, dtype=self.dtype, enable_prefix_caching=True,
+            model=self.model, enable_prefix_caching=True,
+            dtype=self.engine_dtype(on_cpu),
             max_logprobs=self.max_logprobs, skip_tokenizer_init=True, seed=self.seed,
             disable_log_stats=True,  # the companion logs its own `EngineStats`
             tensor_parallel_size=self.tensor_parallel_size,

@@ -162,9 +162,13 @@ class Params:
         "of the difference to P_S0 (difference; worse, docs/method.md: kept to report it)",
         scope=COMPANION, choices=SELECTS, surfaces=SDK_ONLY)
     s0_on_device: bool | None = option(
-        None, "where P_S0 is computed: None, the companion when it hosts the generic "
-        "Specialist, else the device; True pays when the Specialist is much cheaper than the "
-        "Generalist (int4)", scope=BOTH, surfaces=SDK_ONLY)
+        True, "where P_S0 is computed: True, the device (its public prefill beside the "
+        "session's opening, a pass over each draft; measured faster, docs/BENCHMARKS.md "
+        "latency run 7); False, the companion (it must host the device's Specialist; pays when "
+        "the Generalist's verify costs less than the device's drafting plus that pass: a w8a8 "
+        "Generalist); None, the companion when it hosts one, else the device. select "
+        "difference keeps it on the companion, which ranks the candidates by it",
+        scope=BOTH, surfaces=SDK_ONLY)
     costeer_iterations: int = option(20, "CoSteer's FTRL iterations per token", minimum=0,
                                      surfaces=SDK_ONLY)
     beta: float = option(1.0, "the steering strength of LightCoSteer and CoSteer",

@@ -61,3 +61,14 @@ def test_serve_offers_every_flagged_field_of_its_dataclasses_with_the_same_defau
             param = params[field.name]
             assert param.default == field.default, field.name
             assert field.metadata["flag"][0].split("/")[0] in param.opts, field.name
+
+
+def test_a_w8a8_folder_runs_at_fp32_around_the_int8_kernel_on_a_cpu_only():
+    """vLLM has no dtype "w8a8": the folder's config names the scheme, and the engine's dtype
+    is what the rest runs at: fp32 on a CPU (its "auto" picks bf16, emulated there), the
+    engine's own choice on a GPU; any other dtype goes to the engine as given."""
+    w8a8 = VllmOptions(model="folder", dtype="w8a8")
+    assert w8a8.engine_args(on_cpu=True)["dtype"] == "float32"
+    assert w8a8.engine_args(on_cpu=False)["dtype"] == "auto"
+    for dtype in ("auto", "bfloat16", "float32"):
+        assert VllmOptions(model="folder", dtype=dtype).engine_args(on_cpu=True)["dtype"] == dtype

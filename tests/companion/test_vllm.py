@@ -372,3 +372,43 @@ def test_a_registry_model_exported_for_vllm_scores_as_onnx_runtime_does(tmp_path
         assert sum(same) >= 0.8 * len(same)  # measured: 15 of 17 (the tiny pair: all)
     finally:
         engine.close()
+
+
+@pytest.mark.real_model
+def test_a_w8a8_export_runs_on_the_engines_int8_kernel_and_ranks_as_fp32(tmp_path):
+    """`export-hf --dtype w8a8` writes compressed-tensors' W8A8 scheme (int8 linear layers with
+    a scale per output channel; the output layer fp32), which vLLM loads at fp32 around its int8
+    kernel on a CPU; its ranking stays fp32's on most positions."""
+    _vllm_or_skip()
+    from helpers.real_models import real_model
+    from safetensors import safe_open
+
+    from specsteer.models.export_hf import export_hf_folder
+    from specsteer_companion.vllm_engine import VllmOptions, VllmScoring
+
+    onnx = real_model("smollm2-135m", "fp32")
+    folder = export_hf_folder("smollm2-135m", "w8a8", out=tmp_path / "hf")
+    scheme = json.loads((folder / "config.json").read_text())["quantization_config"]
+    assert scheme["quant_method"] == "compressed-tensors" and scheme["ignore"] == ["lm_head"]
+    group = scheme["config_groups"]["group_0"]
+    assert (group["weights"]["num_bits"], group["weights"]["strategy"]) == (8, "channel")
+    assert group["input_activations"]["dynamic"] is True
+    with safe_open(folder / "model.safetensors", "pt") as weights:
+        names = set(weights.keys())
+        assert str(weights.get_tensor("model.layers.0.mlp.down_proj.weight").dtype) == "torch.int8"
+        assert str(weights.get_tensor("model.embed_tokens.weight").dtype) == "torch.float32"
+    assert "model.layers.0.self_attn.q_proj.weight_scale" in names
+    options = VllmOptions(model=str(folder), dtype="w8a8", kv_cache_gib=0.25)
+    assert options.engine_args(on_cpu=True)["dtype"] == "float32"
+    engine = VllmScoring(options)
+    try:
+        ids = onnx.tokenizer.encode("The budget for the next quarter stays as it is, and the "
+                                    "team will meet on Friday to review the revised draft.")
+        prompt, cont = ids[:8], ids[8:]
+        got = engine.open(prompt, max_length=256, temperature=1.0, owner="t").score(cont, 0, 8)
+        want = TrackScoring(onnx).open(prompt, max_length=256, temperature=1.0).score(cont, 0, 8)
+        same = [got.top(j, 1)[0][0] == want.top(j, 1)[0][0] for j in range(len(cont) + 1)]
+        assert sum(same) >= 0.7 * len(same), same
+        np.testing.assert_allclose(got.taken(), want.taken(), atol=1.0)
+    finally:
+        engine.close()

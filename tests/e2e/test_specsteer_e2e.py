@@ -155,9 +155,28 @@ def test_speculative_equals_generalist_greedy(tiny_model, verifier, store):
 
 def test_device_placed_s0_gives_the_same_tokens(tiny_model, verifier, store):
     client = Client(tiny_model, history=store, companion=_local(verifier))
-    a = client.generate(SUBJECT, max_new_tokens=30)
-    b = client.generate(SUBJECT, max_new_tokens=30, s0_on_device=True)
+    a = client.generate(SUBJECT, max_new_tokens=30, s0_on_device=False)
+    b = client.generate(SUBJECT, max_new_tokens=30)  # the default: on the device
     assert a.tokens == b.tokens
+
+
+@pytest.mark.parametrize("params, on_device", [
+    ({}, True), ({"s0_on_device": False}, False),
+    ({"s0_on_device": None}, False),  # the companion hosts the Specialist: there
+    ({"select": "difference"}, False),  # only a companion holding P_S0 ranks by the difference
+    ({"select": "difference", "s0_on_device": True}, False),
+])
+def test_where_p_s0_is_computed(tiny_model, verifier, store, params, on_device):
+    """P_S0 on the device by default: the OpenSession says so and every Draft carries logp_S0;
+    on the companion, no Draft does."""
+    frames: list[bytes] = []
+    client = Client(tiny_model, history=store, companion=_local(verifier),
+                    tap=lambda d, f: d == "up" and frames.append(f))
+    client.generate(SUBJECT, max_new_tokens=16, **params)
+    assert _last_settings(frames).s0_on_device is on_device
+    drafts = [m for m in (protocol.decode(f, protocol.Limits()) for f in frames)
+              if isinstance(m, protocol.Draft)]
+    assert drafts and all((d.logp_s0 is not None) is on_device for d in drafts)
 
 
 def test_unreachable_companion_degrades_to_local(tiny_model, store):

@@ -69,8 +69,11 @@ def first_token_wait(s: GenerationStats) -> str:
                      f"{first - opened:.2f} s (the device prefilled {s.prefill_s:.2f} s meanwhile)")
     elif opened is not None:
         ready = max(s.prefill_s, opened)
+        made = (f" (its {s.drafted_beside_opening}-token draft made beside the session)"
+                if s.drafted_beside_opening else "")
         parts.append(f"device prefill {s.prefill_s:.2f} s beside the companion session "
-                     f"{opened:.2f} s, then the first round {max(first - ready, 0.0):.2f} s")
+                     f"{opened:.2f} s, then the first round {max(first - ready, 0.0):.2f} s"
+                     f"{made}")
     else:
         parts.append(f"device prefill {s.prefill_s:.2f} s, then the first token "
                      f"{max(first - s.prefill_s, 0.0):.2f} s")

@@ -92,7 +92,8 @@ def compile_command(
 def export_hf_command(
     name: NameArg,
     dtype: Annotated[
-        str, typer.Option(help="Weight dtype of the folder: bfloat16, float16 or float32.")
+        str, typer.Option(help="Weight dtype of the folder: bfloat16, float16, float32, or w8a8 "
+                                "(int8 linear layers, what vLLM's CPU build runs fastest).")
     ] = "bfloat16",
     out: Annotated[
         Path | None, typer.Option(help="Write here (default: $SPECSTEER_HOME/hf/NAME-DTYPE).")

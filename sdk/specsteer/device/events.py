@@ -59,6 +59,9 @@ class DecodeStats:
     drafted_ahead: int = stat(
         0, "tokens of the first round's draft prepare made after its prefill (greedy "
         "drafting with the generate's draft settings)")
+    drafted_beside_opening: int = stat(
+        0, "tokens of the first round's draft a cold start made after its prefill while the "
+        "companion was still opening the session (the same greedy draft the round makes)")
     accept_lengths: list[int] = stat(None, "drafts accepted in each round, in order",
                                      factory=list)
     leak_flagged: int = stat(0, "private spans the leak guard found in what was about to "

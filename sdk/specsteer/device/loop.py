@@ -20,7 +20,15 @@ from specsteer.device.drafting import Drafted, choose
 from specsteer.device.events import DecodeStats, DevicePrompt, TokenEvent
 from specsteer.device.leak_guard import LeakGuard, LeakHeld
 from specsteer.device.offline import LINK_ERRORS, ModeChange, OfflinePolicy, Reconnector
-from specsteer.device.rounds import MODES, collaborate
+from specsteer.device.rounds import (
+    MODES,
+    MadeAhead,
+    collaborate,
+    first_draft,
+    first_draft_key,
+    s0_placed_on_device,
+    s0_track,
+)
 from specsteer.device.rules import make_rules
 from specsteer.device.warm import BackgroundPrefill, estimated_prefill_s
 from specsteer.errors import (
@@ -142,6 +150,7 @@ class _Generation:
         self.switch_after = switch_after
         self.warming: BackgroundPrefill | None = None
         self.prefilling: BackgroundPrefill | None = None  # cold, beside the session's opening
+        self.ahead_s0: Track | None = None  # P_S0's public prefill made beside the opening
         self.owns_local = local is None
         self.local = local if local is not None else \
             Track(specialist, self.prompt_ids, room, lazy=True)
@@ -162,6 +171,13 @@ class _Generation:
                 self.warming.abandon()
             if self.prefilling is not None:
                 self.prefilling.abandon()
+                made = self.prefilling.made  # made beside an opening no round took
+                if made is not None and made.s0 is not None:
+                    made.s0.close()
+                if made is not None and made.draft is not None:
+                    self.local.resync([*self.prompt_ids, *self.out])
+            if self.ahead_s0 is not None:  # taken from the prefill, never given to a round
+                self.ahead_s0.close()
             # cancelled: the caller gets control back now; a companion busy on a round (or a
             # websocket's close handshake) takes the links' closing off its wait
             self._drop_remote(background=self.cancel.is_set())
@@ -179,7 +195,8 @@ class _Generation:
         if warm:
             self.warming = BackgroundPrefill(self.local, self.cancel, self.workers)
         elif self._overlap_wanted(link):
-            self.prefilling = BackgroundPrefill(self.local, self.cancel, self.workers)
+            self.prefilling = BackgroundPrefill(self.local, self.cancel, self.workers,
+                                                then=self._first_round_then())
         elif params.method != "llm":  # the LLM baseline needs the Specialist only offline
             self.local.prefill(self.cancel)
             stats.prefill_s += time.perf_counter() - self.started
@@ -215,6 +232,7 @@ class _Generation:
                     self._drop_remote()
                     self._end_warm_start()
                     self._end_prefill()
+                    self._drop_ahead()  # made beside an opening that failed
                     self.local.resync([*self.prompt_ids, *self.out])
                     if not self._resync(exc):
                         self._lost(exc)
@@ -272,14 +290,46 @@ class _Generation:
             ready=self._session_ready,
         )
 
-    def _session_ready(self) -> None:
-        """The companion holds the session: note when, and let the rounds have the track."""
+    def _session_ready(self) -> MadeAhead | None:
+        """The companion holds the session: note when, and let the rounds have the track, with
+        what was made beside the opening, if anything (the track then holds its draft)."""
         if self.stats.session_ready_s is None:
             self.stats.session_ready_s = time.perf_counter() - self.started
+        made = self.prefilling is not None
         self._end_prefill()
+        if not made:
+            return None
+        draft, self.ahead = self.ahead, None
+        s0, self.ahead_s0 = self.ahead_s0, None
+        return MadeAhead(draft, s0)
+
+    def _first_round_then(self) -> Callable[[Track, Callable[[], bool]], MadeAhead] | None:
+        """What a cold start's background prefill does next while the companion still opens
+        the session: the first round's draft (`rounds.first_draft`: the same greedy draft the
+        first round would make after the opening, so the text does not change) and, with
+        P_S0 asked on the device, P_S0's prefill of the public prompt (the companion then
+        opens on the Generalist alone). None where neither applies."""
+        params, rules = self.params, self.rules
+        drafts = first_draft_key(params) is not None and self.ahead is None
+        s0_here = params.method == "specsteer" and s0_placed_on_device(params, None)
+        if not (drafts or s0_here):
+            return None
+        public = list(self.prompt.public_ids)
+
+        def then(track: Track, stop: Callable[[], bool]) -> MadeAhead:
+            made = MadeAhead(first_draft(track, params, rules, stop) if drafts else None)
+            if s0_here and not stop():
+                made.s0 = s0_track(self.specialist, public, params)
+                made.s0.prefill()  # the passes a round's lazy prefill would run
+            return made
+
+        return then
 
     def _drop_ahead(self) -> None:
         """The draft made ahead will not be used: the track holds the prompt alone again."""
+        if self.ahead_s0 is not None:
+            self.ahead_s0.close()
+            self.ahead_s0 = None
         if self.ahead is not None:
             self.ahead = None
             self.local.resync(self.prompt_ids)
@@ -340,11 +390,17 @@ class _Generation:
                 and self.local.pending > 0 and isinstance(self.local.session, CancellableSession))
 
     def _end_prefill(self) -> None:
-        """Wait for a cold start's background prefill (the track is the loop's again)."""
+        """Wait for a cold start's background prefill (the track is the loop's again); a first
+        draft it made becomes the draft ahead (`_drop_ahead` forgets it if no round takes it)."""
         if self.prefilling is not None:
             prefilling, self.prefilling = self.prefilling, None
-            prefilling.join()
-            self.stats.prefill_s += prefilling.seconds
+            try:
+                made = prefilling.join()
+            finally:
+                self.stats.prefill_s += prefilling.seconds
+            if made is not None:
+                self.ahead, self.ahead_s0 = made.draft, made.s0
+                self.stats.drafted_beside_opening = len(made.draft.tokens) if made.draft else 0
 
     def _switch_due(self) -> bool:
         assert self.warming is not None

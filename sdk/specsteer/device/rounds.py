@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -36,7 +36,11 @@ _ANY = Params()  # the budget fields' defaults, in a draft's key (`first_draft_k
 
 def s0_placed_on_device(params: Params, hello_ok: HelloOk | None) -> bool:
     """Where P_S0 is computed: as asked, or (None) on the companion when it hosts the generic
-    Specialist (its hello names one) and on the device otherwise, so no session is refused."""
+    Specialist (its hello names one) and on the device otherwise, so no session is refused
+    (`hello_ok` None: not known yet, so not on the device). `select="difference"` ranks the
+    candidates by logp_G − α·logp_S0, which only a companion holding P_S0 can: it stays there."""
+    if params.select == "difference":
+        return False
     if params.s0_on_device is not None:
         return params.s0_on_device
     return hello_ok is not None and not hello_ok.specialist_sha256
@@ -66,6 +70,22 @@ def first_draft(local: Track, params: Params, rules: Rules,
                  rules=rules)
 
 
+@dataclass
+class MadeAhead:
+    """What a cold start made on the device while the companion was still opening the session:
+    the first round's draft (`first_draft`: the device's track holds the prompt plus its
+    tokens) and, with P_S0 asked on the device, P_S0's track over the public prompt,
+    prefilled in the same passes as a round would (so neither changes the text)."""
+
+    draft: Drafted | None
+    s0: Track | None = None
+
+
+def s0_track(specialist: LanguageModel, public_ids: Sequence[int], params: Params) -> Track:
+    """P_S0 on the device: the Specialist's track over the public ids alone (lazy)."""
+    return Track(specialist, public_ids, len(public_ids) + params.max_new_tokens + 64, lazy=True)
+
+
 def session_settings(params: Params, link: CompanionLink) -> SessionSettings:
     """The settings a session for `params` is opened with over `link` (after its hello)."""
     mode = MODES.get(params.method, Mode.ROWS)
@@ -87,7 +107,7 @@ def collaborate(
     ahead: Drafted | None = None,
     *,
     rules: Rules,
-    ready: Callable[[], None] | None = None,
+    ready: Callable[[], MadeAhead | None] | None = None,
 ) -> Iterator[tuple[int, str]]:
     """Open a session over the public prompt and yield (token, provenance) from its rounds.
 
@@ -102,7 +122,8 @@ def collaborate(
     `local` holds the prompt plus its tokens). `rules`: the generation's text rules
     (`device.rules`), which see the whole output (`committed` and what follows). `ready`:
     called once the session is open, before `local` is first used (a prefill running beside
-    the opening ends there).
+    the opening ends there); it returns what was made beside the opening (`MadeAhead`), if
+    anything: its draft is used as `ahead` is, its P_S0 track as the rounds' own.
     """
     settings = session_settings(params, link)
     mode, s0_here = settings.mode, settings.s0_on_device
@@ -112,16 +133,20 @@ def collaborate(
         stats.session_reused = True
     else:
         link.open(public_prompt, settings)
-    if ready is not None:
-        ready()
+    made = ready() if ready is not None else None
     public_ids = [*public_prompt, *committed]
+    ready_s0 = made.s0 if made is not None else None
+    if ready_s0 is not None and not (s0_here and mode is Mode.SPECSTEER):
+        ready_s0.close()  # P_S0 went to the companion after all
+        ready_s0 = None
     if mode is Mode.ROWS:
         yield from row_tokens(local, params, link, stats, rng, rules, committed)
         return
     if ahead is not None:  # a resume later in the generation keeps the count of its start
         stats.drafted_ahead = len(ahead.tokens)
-    s0 = Track(specialist, public_ids, len(public_ids) + params.max_new_tokens + 64, lazy=True) \
-        if s0_here else None
+    elif made is not None:
+        ahead = made.draft
+    s0 = ready_s0 or (s0_track(specialist, public_ids, params) if s0_here else None)
     yield from SteeredRounds(
         specialist, local, s0, params, link, stats, rng, mode, guard=guard, written=committed,
         ahead=ahead, rules=rules,

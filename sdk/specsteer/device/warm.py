@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
+from typing import Any
 
 from specsteer.runtime.base import CancellableSession, LanguageModel
 from specsteer.runtime.track import Track
@@ -45,11 +47,15 @@ def estimated_prefill_s(model: LanguageModel, tokens: int) -> float:
 
 class BackgroundPrefill:
     """`track.prefill()` running on a thread of `workers` (the generation's owner's: its Client
-    joins it; by default its own); `join` re-raises what it raised."""
+    joins it; by default its own); `join` re-raises what it raised and returns what `then`
+    made after the prefill on the same thread (a cold start's first draft, while the
+    companion still opens the session), None without it or when stopped first."""
 
     def __init__(self, track: Track, cancel: threading.Event,
-                 workers: Workers | None = None) -> None:
-        self.track, self.cancel = track, cancel
+                 workers: Workers | None = None,
+                 then: Callable[[Track, Callable[[], bool]], Any] | None = None) -> None:
+        self.track, self.cancel, self.then = track, cancel, then
+        self.made: Any = None
         self.stop = threading.Event()  # set when the generation ends before the switch
         self.go = threading.Event()  # set by `start` (the first token is in), or at once
         if isinstance(track.session, CancellableSession):  # its passes release the GIL
@@ -62,11 +68,17 @@ class BackgroundPrefill:
         self.go.wait()
         started = time.perf_counter()
         try:
-            self.track.prefill(self.stop, self.cancel)
+            try:
+                self.track.prefill(self.stop, self.cancel)
+            finally:
+                self.seconds = time.perf_counter() - started  # the prefill's, not `then`'s
+            if self.then is not None and not self._stopped():
+                self.made = self.then(self.track, self._stopped)
         except BaseException as exc:  # delivered to the decoding loop by `join`
             self._error = exc
-        finally:
-            self.seconds = time.perf_counter() - started
+
+    def _stopped(self) -> bool:
+        return self.stop.is_set() or self.cancel.is_set()
 
     def start(self) -> None:
         """Let the prefill run (from now on)."""
@@ -75,13 +87,14 @@ class BackgroundPrefill:
     def done(self) -> bool:
         return not self._thread.is_alive()
 
-    def join(self) -> None:
-        """Run the prefill to its end (starting it if need be); raises `GenerationCancelled`
-        if it was stopped."""
+    def join(self) -> Any:
+        """Run the prefill to its end (starting it if need be) and return what `then` made;
+        raises `GenerationCancelled` if it was stopped."""
         self.go.set()
         self._thread.join()
         if self._error is not None:
             raise self._error
+        return self.made
 
     def abandon(self) -> None:
         """Stop the prefill at its next chunk and wait for the thread (nothing raised)."""

@@ -38,6 +38,9 @@ def export_hf(gguf: Path, out: Path, dtype: str = "float32") -> None:
     `save_pretrained` refuses GGUF-loaded models, so the state dict is written directly; the
     tied lm_head is dropped and the GGUF quantization marker removed so the builder (and vLLM)
     read plain weights of `dtype` (fp32 for the builder; `models export-hf` states its own).
+    `w8a8`: fp32 with every linear layer but the output one quantized per output channel to
+    int8 and activations per token at run time (`compressed-tensors`' W8A8 scheme), which
+    vLLM's CPU build multiplies in int8 (VNNI) instead of fp32.
     """
     import torch
     from safetensors.torch import save_file
@@ -46,9 +49,11 @@ def export_hf(gguf: Path, out: Path, dtype: str = "float32") -> None:
     out.mkdir(parents=True, exist_ok=True)
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     _keep_gguf_special_tokens(tokenizer, gguf)
+    weights = "float32" if dtype == "w8a8" else dtype
     model = AutoModelForCausalLM.from_pretrained(
-        gguf.parent, gguf_file=gguf.name, dtype=getattr(torch, dtype)
+        gguf.parent, gguf_file=gguf.name, dtype=getattr(torch, weights)
     )
+    compressor = _quantize_w8a8(model) if dtype == "w8a8" else None
     state = model.state_dict()
     if getattr(model.config, "tie_word_embeddings", False):
         state.pop("lm_head.weight", None)
@@ -61,9 +66,42 @@ def export_hf(gguf: Path, out: Path, dtype: str = "float32") -> None:
     config_path = out / "config.json"
     config = json.loads(config_path.read_text())
     config.pop("quantization_config", None)
-    config["dtype"] = dtype  # what the weights are: engines that read it ("auto") load them so
+    config["dtype"] = weights  # what the weights are: engines that read it ("auto") load them so
     _flatten_rope_parameters(config)
     config_path.write_text(json.dumps(config, indent=2))
+    if compressor is not None:
+        compressor.update_config(str(out))  # the scheme, as vLLM's loader reads it
+
+
+def _quantize_w8a8(model):
+    """Quantize `model`'s linear layers in place to compressed-tensors' W8A8 (int8 weights, a
+    symmetric scale per output channel from its min/max; int8 activations per token, dynamic);
+    the output layer stays fp32 (the logits the ratio test reads). Returns the compressor,
+    which writes the scheme into config.json."""
+    from compressed_tensors.compressors import ModelCompressor
+    from compressed_tensors.quantization import (
+        QuantizationConfig,
+        QuantizationScheme,
+        apply_quantization_config,
+    )
+    from compressed_tensors.quantization.quant_scheme import PRESET_SCHEMES
+    from compressed_tensors.quantization.utils import calculate_qparams
+
+    scheme = QuantizationScheme(targets=["Linear"], **PRESET_SCHEMES["W8A8"])
+    apply_quantization_config(model, QuantizationConfig(
+        config_groups={"group_0": scheme}, ignore=["lm_head"], format="int-quantized"))
+    for module in model.modules():
+        args = getattr(getattr(module, "quantization_scheme", None), "weights", None)
+        if args is None:
+            continue
+        weight = module.weight.data
+        scale, zero_point = calculate_qparams(
+            weight.amin(dim=1, keepdim=True), weight.amax(dim=1, keepdim=True), args)
+        module.weight_scale.data.copy_(scale)
+        module.weight_zero_point.data.copy_(zero_point)
+    compressor = ModelCompressor.from_pretrained_model(model, quantization_format="int-quantized")
+    compressor.compress_model(model)
+    return compressor
 
 
 def _keep_gguf_special_tokens(tokenizer, gguf: Path) -> None:
@@ -258,7 +296,8 @@ def _main() -> None:
     export = sub.add_parser("export")
     export.add_argument("gguf", type=Path)
     export.add_argument("out", type=Path)
-    export.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
+    export.add_argument("--dtype", default="float32",
+                        choices=("float32", "bfloat16", "float16", "w8a8"))
     args = parser.parse_args()
     if args.step == "export":
         export_hf(args.gguf, args.out, args.dtype)

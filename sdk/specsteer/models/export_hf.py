@@ -25,7 +25,7 @@ from specsteer.models.fetch import verify
 from specsteer.models.manifest import MANIFEST, folder_digest
 from specsteer.models.registry import get_spec, gguf_path, home
 
-DTYPES = ("bfloat16", "float16", "float32")
+DTYPES = ("bfloat16", "float16", "float32", "w8a8")
 DEFAULT_DTYPE = "bfloat16"
 
 

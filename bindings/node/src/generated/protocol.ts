@@ -358,6 +358,10 @@ export interface GenerationStats {
    */
   drafted_ahead: number;
   /**
+   * tokens of the first round's draft a cold start made after its prefill while the companion was still opening the session (the same greedy draft the round makes)
+   */
+  drafted_beside_opening: number;
+  /**
    * drafts accepted in each round, in order
    */
   accept_lengths: number[];
