@@ -398,7 +398,7 @@ def test_a_w8a8_export_runs_on_the_engines_int8_kernel_and_ranks_as_fp32(tmp_pat
         assert str(weights.get_tensor("model.layers.0.mlp.down_proj.weight").dtype) == "torch.int8"
         assert str(weights.get_tensor("model.embed_tokens.weight").dtype) == "torch.float32"
     assert "model.layers.0.self_attn.q_proj.weight_scale" in names
-    options = VllmOptions(model=str(folder), dtype="w8a8", kv_cache_gib=0.25)
+    options = VllmOptions(model=str(folder), dtype="w8a8", kv_cache_gib=0.5)  # fp32 KV
     assert options.engine_args(on_cpu=True)["dtype"] == "float32"
     engine = VllmScoring(options)
     try:

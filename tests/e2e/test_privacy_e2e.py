@@ -19,6 +19,7 @@ from specsteer import protocol
 from specsteer.client import Client
 from specsteer.history import HistoryStore
 from specsteer.runtime.base import LanguageModel
+from specsteer.settings import Params
 from specsteer_companion.local import LocalChannel
 from specsteer_companion.verifier import Verifier
 
@@ -84,7 +85,8 @@ def verifier(tiny_model, tiny_generalist) -> Verifier:
     dict(s0_on_device=True),
     dict(s0_on_device=True, pipeline=False, k=6, gamma=0.1),
     dict(s0_on_device=True, temperature=0.8, seed=3),
-    dict(),
+    dict(),  # the default: P_S0 on the device
+    dict(s0_on_device=False),
     dict(method="speculative"),
 ])
 def test_uplink_depends_on_the_history_only_through_the_drafted_ids(tiny_model, verifier, params):
@@ -107,7 +109,7 @@ def test_uplink_depends_on_the_history_only_through_the_drafted_ids(tiny_model, 
     temperature = params.get("temperature", 0.0)
     checked = [_check_drafts_are_public_functions(tiny_model, f, temperature)
                for f in (frames_with, frames_without)]
-    if params.get("s0_on_device"):
+    if params.get("s0_on_device", Params().s0_on_device) and "method" not in params:
         assert min(checked) > 0  # logp_s0 went up and was recomputed from public data
     else:
         assert checked == [0, 0]  # the companion computes P_S0: no values go up
