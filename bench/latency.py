@@ -205,25 +205,29 @@ def measure_writer(args: argparse.Namespace, specialist, upstream: int, label: s
         proxy = DelayProxy(upstream, rtt / 2000.0)
         via = f"ws://127.0.0.1:{proxy.port}"
         for name, params in CONFIGS.items():
-            if args.only and name not in args.only:
-                continue
-            rows.append(run_row(client(via), query, gold, name, label, rtt, **params, **common))
-        if args.only and "SpecSteer prepared" not in args.only:
-            proxy.close()
-            continue
-        prepared = client(via)
-        prepared.prepare(query, task="email", **common).wait()
-        rows.append(run_row(prepared, query, gold, "SpecSteer prepared", label, rtt, **common))
-        if args.cancels:
-            stops = []
-            for delay in (0.15, 0.4, 0.65):  # cancels during the first rounds
-                prepared.prepare(query, task="email", **common).wait()
-                stops.append(cancel_stop_s(prepared, query, delay, **common))
-            info[f"cancel_round_stop_s@{rtt:g}"] = stops
-        prepared.close()
+            if wanted(args, name):
+                rows.append(run_row(client(via), query, gold, name, label, rtt, **params,
+                                    **common))
+        if wanted(args, "SpecSteer prepared"):
+            prepared = client(via)
+            prepared.prepare(query, task="email", **common).wait()
+            rows.append(run_row(prepared, query, gold, "SpecSteer prepared", label, rtt,
+                                **common))
+            if args.cancels:
+                stops = []
+                for delay in (0.15, 0.4, 0.65):  # cancels during the first rounds
+                    prepared.prepare(query, task="email", **common).wait()
+                    stops.append(cancel_stop_s(prepared, query, delay, **common))
+                info[f"cancel_round_stop_s@{rtt:g}"] = stops
+            prepared.close()
         proxy.close()
         console.print(f"user {label} rtt {rtt:g} ms done")
     return rows
+
+
+def wanted(args: argparse.Namespace, name: str) -> bool:
+    """Whether configuration `name` runs (`--only`)."""
+    return not args.only or name in args.only
 
 
 # the configurations run at every round trip, before "SpecSteer prepared"

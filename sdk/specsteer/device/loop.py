@@ -150,7 +150,7 @@ class _Generation:
         self.switch_after = switch_after
         self.warming: BackgroundPrefill | None = None
         self.prefilling: BackgroundPrefill | None = None  # cold, beside the session's opening
-        self.ahead_s0: Track | None = None  # P_S0's public prefill made beside the opening
+        self.made: MadeAhead | None = None  # made beside the session's opening, no round's yet
         self.owns_local = local is None
         self.local = local if local is not None else \
             Track(specialist, self.prompt_ids, room, lazy=True)
@@ -171,13 +171,8 @@ class _Generation:
                 self.warming.abandon()
             if self.prefilling is not None:
                 self.prefilling.abandon()
-                made = self.prefilling.made  # made beside an opening no round took
-                if made is not None and made.s0 is not None:
-                    made.s0.close()
-                if made is not None and made.draft is not None:
-                    self.local.resync([*self.prompt_ids, *self.out])
-            if self.ahead_s0 is not None:  # taken from the prefill, never given to a round
-                self.ahead_s0.close()
+                self.made = self.prefilling.made
+            self._drop_made()  # made beside an opening no round took
             # cancelled: the caller gets control back now; a companion busy on a round (or a
             # websocket's close handshake) takes the links' closing off its wait
             self._drop_remote(background=self.cancel.is_set())
@@ -295,13 +290,9 @@ class _Generation:
         what was made beside the opening, if anything (the track then holds its draft)."""
         if self.stats.session_ready_s is None:
             self.stats.session_ready_s = time.perf_counter() - self.started
-        made = self.prefilling is not None
         self._end_prefill()
-        if not made:
-            return None
-        draft, self.ahead = self.ahead, None
-        s0, self.ahead_s0 = self.ahead_s0, None
-        return MadeAhead(draft, s0)
+        made, self.made = self.made, None
+        return made
 
     def _first_round_then(self) -> Callable[[Track, Callable[[], bool]], MadeAhead] | None:
         """What a cold start's background prefill does next while the companion still opens
@@ -326,12 +317,21 @@ class _Generation:
         return then
 
     def _drop_ahead(self) -> None:
-        """The draft made ahead will not be used: the track holds the prompt alone again."""
-        if self.ahead_s0 is not None:
-            self.ahead_s0.close()
-            self.ahead_s0 = None
+        """The draft made ahead (by prepare, or beside the opening) will not be used: the track
+        holds the prompt alone again."""
+        self._drop_made()
         if self.ahead is not None:
             self.ahead = None
+            self.local.resync(self.prompt_ids)
+
+    def _drop_made(self) -> None:
+        """What was made beside the opening will not be used: P_S0's track is closed, and the
+        device's track no longer holds the draft (no round ran, so nothing else follows the
+        prompt)."""
+        made, self.made = self.made, None
+        if made is not None and made.s0 is not None:
+            made.s0.close()
+        if made is not None and made.draft is not None:
             self.local.resync(self.prompt_ids)
 
     def _resync(self, exc: Exception) -> bool:
@@ -390,17 +390,18 @@ class _Generation:
                 and self.local.pending > 0 and isinstance(self.local.session, CancellableSession))
 
     def _end_prefill(self) -> None:
-        """Wait for a cold start's background prefill (the track is the loop's again); a first
-        draft it made becomes the draft ahead (`_drop_ahead` forgets it if no round takes it)."""
+        """Wait for a cold start's background prefill (the track is the loop's again); what it
+        made beside the opening waits for the session (`_drop_ahead` forgets it if no round
+        takes it)."""
         if self.prefilling is not None:
             prefilling, self.prefilling = self.prefilling, None
             try:
                 made = prefilling.join()
             finally:
                 self.stats.prefill_s += prefilling.seconds
-            if made is not None:
-                self.ahead, self.ahead_s0 = made.draft, made.s0
-                self.stats.drafted_beside_opening = len(made.draft.tokens) if made.draft else 0
+            self.made = made
+            if made is not None and made.draft is not None:
+                self.stats.drafted_beside_opening = len(made.draft.tokens)
 
     def _switch_due(self) -> bool:
         assert self.warming is not None

@@ -136,8 +136,8 @@ def collaborate(
     made = ready() if ready is not None else None
     public_ids = [*public_prompt, *committed]
     ready_s0 = made.s0 if made is not None else None
-    if ready_s0 is not None and not (s0_here and mode is Mode.SPECSTEER):
-        ready_s0.close()  # P_S0 went to the companion after all
+    if ready_s0 is not None and not s0_here:  # P_S0 went to the companion after all
+        ready_s0.close()
         ready_s0 = None
     if mode is Mode.ROWS:
         yield from row_tokens(local, params, link, stats, rng, rules, committed)
