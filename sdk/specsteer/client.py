@@ -28,8 +28,7 @@ from specsteer.device import (
     TokenEvent,
     decode,
 )
-from specsteer.device.drafting import Drafted
-from specsteer.device.rounds import first_draft, first_draft_key
+from specsteer.device.rounds import MadeAhead, first_draft_key, make_ahead, s0_ahead_wanted
 from specsteer.device.rules import make_rules
 from specsteer.errors import (
     CompanionConfigError,
@@ -210,7 +209,8 @@ class Client:
         With a companion and a collaborative method (`preset`/`settings`/`params`/
         `user_length` as for `stream`), the companion session over the public prompt is opened
         too, so the first round needs no hello and no companion prefill; and (greedy drafting
-        methods) the first round's draft is made after the prefill. A generation whose public
+        methods) the first round's draft is made after the prefill, and with P_S0 on the
+        device (the default) its track over the public prompt too. A generation whose public
         prompt or settings differ replaces that session on the same connection; one whose
         private prompt or draft settings differ drafts again.
 
@@ -223,8 +223,10 @@ class Client:
         options = self._fit_user(_settings(preset, settings, params), prompt, user_length)
         key = first_draft_key(options) if self.companion is not None else None
         rules = make_rules(options, self.specialist.tokenizer)
-        then = None if key is None else \
-            (lambda track, stop: first_draft(track, options, rules, stop))  # noqa: E731
+        public = list(device_prompt.public_ids) if s0_ahead_wanted(options) else None
+        then = None if key is None else (
+            lambda track, stop: make_ahead(self.specialist, track, options, rules, stop,
+                                           drafts=True, public_ids=public))
         worker = self._kept.prepare(task, device_prompt.private_ids, then, key)
         session = None
         if open_session and self.companion is not None and options.collaborative:
@@ -399,9 +401,10 @@ class Client:
             link.stats = job.stats
         return link
 
-    def _local_track(self, job: _Job) -> tuple[Track | None, Drafted | None]:
+    def _local_track(self, job: _Job) -> tuple[Track | None, MadeAhead | None]:
         """The task's kept Specialist track for the private prompt (prefilled as far as an
-        earlier prepare or generation got) and the first draft made ahead, if it fits; the SLM
+        earlier prepare or generation got) and the first draft (with P_S0's public track)
+        made ahead, if it fits; the SLM
         baseline reads the public prompt only and keeps none."""
         if job.settings.method == "slm":
             return None, None

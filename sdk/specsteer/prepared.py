@@ -17,8 +17,7 @@ import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from specsteer.device.drafting import Drafted
-from specsteer.device.rounds import session_settings
+from specsteer.device.rounds import MadeAhead, session_settings
 from specsteer.errors import GenerationCancelled
 from specsteer.link import CANCEL_POLL_S, CompanionLink
 from specsteer.runtime.base import LanguageModel
@@ -27,8 +26,9 @@ from specsteer.settings import Params
 from specsteer.workers import Workers
 
 PREPARED_ROOM = 1024  # tokens a prepared session leaves after its prompt (generation + margin)
-# drafts the first round on a prefilled track; the callable says when to stop early
-DraftAhead = Callable[[Track, Callable[[], bool]], Drafted]
+# makes the first round's draft (and P_S0's public track) after the prefill
+# (`rounds.make_ahead`); the callable says when to stop early
+MakeAhead = Callable[[Track, Callable[[], bool]], MadeAhead]
 
 
 @dataclass
@@ -37,14 +37,17 @@ class _Kept:
     ids: list[int]  # the prompt this track holds or is prefilling
     stop: threading.Event = field(default_factory=threading.Event)
     worker: threading.Thread | None = None
-    # the first round's draft, made after the prefill, and the key of what it depends on
-    ahead: tuple[object, Drafted] | None = None
+    # what was made after the prefill, and the key of what its draft depends on
+    ahead: tuple[object, MadeAhead] | None = None
 
     def drop_ahead(self) -> None:
-        """Forget the draft made ahead: the session holds the prompt again, with its row."""
+        """Forget what was made ahead: the session holds the prompt again, with its row, and
+        P_S0's track is closed."""
         if self.ahead is not None:
-            drafted, self.ahead = self.ahead[1], None
-            self.track.keep(drafted.base, drafted.rows[0])
+            made, self.ahead = self.ahead[1], None
+            made.close_s0()
+            if made.draft is not None:
+                self.track.keep(made.draft.base, made.draft.rows[0])
 
     def held(self) -> list[int]:
         """The ids known to be in the session: a prefilled (or partly prefilled) prompt."""
@@ -68,11 +71,12 @@ class KeptTracks:
         self._kept: dict[str, _Kept] = {}
         self._lock = threading.Lock()
 
-    def prepare(self, task: str, ids: Sequence[int], then: DraftAhead | None = None,
+    def prepare(self, task: str, ids: Sequence[int], then: MakeAhead | None = None,
                 key: object = None) -> threading.Thread:
         """Start prefilling `ids` for `task` in the background; returns the prefill thread.
-        `then`: after the prefill, draft the first round too (`rounds.first_draft`); `key`
-        says what that draft depends on besides the prompt (`rounds.first_draft_key`)."""
+        `then`: after the prefill, draft the first round too and prefill P_S0's public track
+        (`rounds.make_ahead`); `key` says what that draft depends on besides the prompt
+        (`rounds.first_draft_key`)."""
         kept = self._checkout(task, ids, len(ids) + PREPARED_ROOM)
         kept.ids = list(ids)
 
@@ -94,11 +98,11 @@ class KeptTracks:
         return kept.worker
 
     def take(self, task: str, ids: Sequence[int], room: int, key: object = None
-             ) -> tuple[Track, int, Drafted | None]:
+             ) -> tuple[Track, int, MadeAhead | None]:
         """A track holding (or pending) `ids` with room for `room` tokens, how many of them
-        it kept from an earlier prefill, and the first round's draft made ahead when it was
-        made for exactly `ids` and `key` (the track then holds its tokens after the prompt);
-        the caller gives the track back or closes it."""
+        it kept from an earlier prefill, and what was made ahead when it was made for exactly
+        `ids` and `key` (the track then holds its draft after the prompt; the caller owns
+        P_S0's track); the caller gives the track back or closes it."""
         with self._lock:
             kept = self._kept.pop(task, None)
         if kept is not None:

@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 from specsteer_companion.admission import ServerConfig
 from specsteer_companion.cli import app
 from specsteer_companion.cli_flags import fields_flag_group, flag
-from specsteer_companion.vllm_engine import VllmOptions
+from specsteer_companion.vllm_engine import CPU_LONG_PREFILL, CPU_STEP_TOKENS, VllmOptions
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,3 +72,23 @@ def test_a_w8a8_folder_runs_at_fp32_around_the_int8_kernel_on_a_cpu_only():
     assert w8a8.engine_args(on_cpu=False)["dtype"] == "auto"
     for dtype in ("auto", "bfloat16", "float32"):
         assert VllmOptions(model="folder", dtype=dtype).engine_args(on_cpu=True)["dtype"] == dtype
+
+
+def test_the_engine_serves_rounds_first_and_keeps_a_cpus_steps_short():
+    """vLLM's priority scheduling (rounds before openings) everywhere; on a CPU a step of at
+    most `CPU_STEP_TOKENS`, of which one opening takes at most `CPU_LONG_PREFILL`, so that no
+    round waits behind a long prefill (docs/BENCHMARKS.md, the vLLM section's run 4); on a GPU
+    vLLM's own step sizes; what is given goes to the engine as given."""
+    cpu = VllmOptions(model="folder").engine_args(on_cpu=True)
+    assert cpu["scheduling_policy"] == "priority"
+    assert (cpu["max_num_batched_tokens"], cpu["long_prefill_token_threshold"]) == (
+        CPU_STEP_TOKENS, CPU_LONG_PREFILL)
+    gpu = VllmOptions(model="folder").engine_args(on_cpu=False)
+    assert gpu["scheduling_policy"] == "priority"
+    assert "max_num_batched_tokens" not in gpu and "long_prefill_token_threshold" not in gpu
+    given = VllmOptions(model="folder", max_num_batched_tokens=1024, long_prefill=300,
+                        rounds_first=False)
+    for on_cpu in (True, False):
+        args = given.engine_args(on_cpu=on_cpu)
+        assert (args["max_num_batched_tokens"], args["long_prefill_token_threshold"],
+                args["scheduling_policy"]) == (1024, 300, "fcfs")

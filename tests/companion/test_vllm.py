@@ -13,6 +13,8 @@ import json
 import os
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -208,6 +210,48 @@ def test_owners_do_not_share_the_prefix_cache(engine):
         engine.tap = None
     opens = [cached for kind, cached in seen if kind == "open"]
     assert opens[0] == 0 and opens[1] >= 64 and opens[2] == 0
+
+
+def test_a_devices_round_goes_before_other_devices_openings(engine):
+    """A device waits on its round; a new session's opening can wait (`rounds_first`, vLLM's
+    priority scheduling). With the engine paused, enough 2,000-token openings to fill its
+    steps are queued before one device's round: first come first served would run the round
+    after the second opening ends; here it runs in the first step."""
+    rng = np.random.default_rng(11)
+    waiting, _ = _scores(engine, [int(t) for t in rng.integers(5, 500, size=40)], [7], "early")
+    scheduler = engine.engine.vllm_config.scheduler_config
+    share = scheduler.long_prefill_token_threshold or scheduler.max_num_batched_tokens
+    # enough that the openings ahead of the round under first come first served still fill
+    # the step in which the second one ends
+    names = [f"opening-{i}" for i in range(2 * (scheduler.max_num_batched_tokens // share) + 2)]
+    done: list[str] = []
+    lock = threading.Lock()
+
+    def run(name: str, work) -> threading.Thread:
+        def body() -> None:
+            work()
+            with lock:
+                done.append(name)
+        thread = threading.Thread(target=body)
+        thread.start()
+        return thread
+
+    loop = engine._loop
+    loop.run(engine.engine.pause_generation(mode="keep", clear_cache=False))
+    try:
+        threads = []
+        for name in names:  # each its own device
+            prompt = [int(t) for t in rng.integers(5, 500, size=2000)]
+            threads.append(run(name, lambda p=prompt, o=name: engine.open(
+                p, max_length=2040, temperature=1.0, owner=o)))
+            time.sleep(0.3)  # arrive in this order
+        threads.append(run("round", lambda: waiting.score([8, 9, 10], 0, 8)))
+        time.sleep(0.3)
+    finally:
+        loop.run(engine.engine.resume_generation())
+    for thread in threads:
+        thread.join(timeout=300)
+    assert len(done) == len(names) + 1 and done.index("round") < done.index(names[1]), done
 
 
 @pytest.mark.parametrize("settings, message", [

@@ -8,6 +8,7 @@ import time
 import pytest
 from helpers.budget_mail import CHANGED, REQUEST, budget_history
 from helpers.closing import closed_in_time
+from helpers.counting import CountingModel
 from helpers.declared import StopsAt
 
 from specsteer.client import Client
@@ -250,3 +251,57 @@ def test_prepare_without_a_session_sends_nothing_until_the_generation(tiny_model
     assert result.text == cold.text and result.stats.prefill_reused > 0
     assert len(channels.opened()) == 1
     client.close()
+
+
+class _SessionsCounted(CountingModel):
+    """The tiny Specialist, counting the sessions it opens and those still open."""
+
+    def __init__(self, model) -> None:
+        super().__init__(model)
+        self.opened = self.closed = 0
+
+    def new_session(self, max_length: int | None = None):
+        session = super().new_session(max_length)
+        close, self.opened = session.close, self.opened + 1
+
+        def closed() -> None:
+            self.closed += 1
+            close()
+
+        session.close = closed
+        return session
+
+
+def test_p_s0_s_public_track_is_prefilled_ahead(tiny_model, tiny_generalist, store):
+    """With P_S0 on the device (the default), `prepare` prefills its track over the public
+    prompt after the private one: the generation opens no session of its own, writes the cold
+    text, and nothing stays open once the Client closes."""
+    cold = _cold(tiny_model, tiny_generalist, store, REQUEST, k=3)
+    model = _SessionsCounted(tiny_model)
+    client = _client(model, _Channels(Verifier(tiny_generalist)), store)
+    assert client.prepare(REQUEST, k=3).wait(timeout=60)
+    assert model.opened == 2  # the private track and P_S0's public one
+    result = client.generate(REQUEST, max_new_tokens=30, k=3)
+    assert model.opened == 2 and result.stats.drafted_ahead == 3
+    assert (result.tokens, result.provenance) == (cold.tokens, cold.provenance)
+    client.close()
+    assert model.closed == model.opened
+
+
+@pytest.mark.parametrize("change", [dict(s0_on_device=False), dict(max_new_tokens=900)])
+def test_a_p_s0_track_made_ahead_that_does_not_fit_is_closed(tiny_model, tiny_generalist, store,
+                                                             change):
+    """P_S0 placed on the companion after all, or a longer budget than its track has room
+    for: the track made ahead is closed, and the text is the cold one."""
+    options = {"k": 3, "max_new_tokens": 30, "user_length": False, **change}
+    cold = _client(tiny_model, _Channels(Verifier(tiny_generalist, tiny_model)), store
+                   ).generate(REQUEST, **options)
+    model = _SessionsCounted(tiny_model)
+    client = _client(model, _Channels(Verifier(tiny_generalist, tiny_model)), store)
+    prepared = client.prepare(REQUEST, k=3, max_new_tokens=30, user_length=False)
+    assert prepared.wait(timeout=60) and model.opened == 2
+    result = client.generate(REQUEST, **options)
+    assert result.tokens == cold.tokens
+    assert model.closed == model.opened - 1  # only the kept private track is open
+    client.close()
+    assert model.closed == model.opened

@@ -24,10 +24,9 @@ from specsteer.device.rounds import (
     MODES,
     MadeAhead,
     collaborate,
-    first_draft,
     first_draft_key,
-    s0_placed_on_device,
-    s0_track,
+    make_ahead,
+    s0_ahead_wanted,
 )
 from specsteer.device.rules import make_rules
 from specsteer.device.warm import BackgroundPrefill, estimated_prefill_s
@@ -60,7 +59,7 @@ def decode(
     local: Track | None = None,
     switch_after: int | None = None,
     guard: LeakGuard | None = None,
-    ahead: Drafted | None = None,
+    ahead: MadeAhead | None = None,
     workers: Workers | None = None,
 ) -> Iterator[TokenEvent]:
     """Yield generated tokens for `prompt` with `params.method`; stops at end-of-text.
@@ -97,8 +96,9 @@ def decode(
 
     `guard` checks what leaves (`params.leak_guard`); by default it is built from the prompt's
     two views. Pass one built over more private text (e.g. the whole history) to guard that too.
-    `ahead`: the first round's draft, made ahead by `Client.prepare` (`rounds.first_draft` for
-    these params); `local` then holds the prompt plus its tokens. `workers`: where the
+    `ahead`: what `Client.prepare` made for these params (`rounds.make_ahead`): the first
+    round's draft (`local` then holds the prompt plus its tokens) and P_S0's public track,
+    used when it holds this public prompt. `workers`: where the
     generation's background threads start (a warm start's prefill, reconnect probes, links
     closed after a cancel), so that their owner (the Client) joins them; by default its own.
     """
@@ -128,12 +128,13 @@ class _Generation:
         local: Track | None,
         switch_after: int | None,
         guard: LeakGuard | None,
-        ahead: Drafted | None,
+        ahead: MadeAhead | None,
     ) -> None:
         self.specialist, self.prompt, self.params = specialist, prompt, params
         self.stats, self.links, self.workers = stats, links, workers
         self.policy = links.policy
-        self.on_mode, self.cancel, self.ahead = on_mode, cancel, ahead
+        self.on_mode, self.cancel = on_mode, cancel
+        self.ahead: Drafted | None = ahead.draft if ahead is not None else None  # prepare's
         self.eos = specialist.tokenizer.eos_ids
         self.rules = make_rules(params, specialist.tokenizer)  # the text rules, composed once
         self.rng = np.random.default_rng(params.seed) if params.temperature > 0 else None
@@ -150,7 +151,10 @@ class _Generation:
         self.switch_after = switch_after
         self.warming: BackgroundPrefill | None = None
         self.prefilling: BackgroundPrefill | None = None  # cold, beside the session's opening
-        self.made: MadeAhead | None = None  # made beside the session's opening, no round's yet
+        # made beside the session's opening (or P_S0's track, by prepare), no round's yet
+        self.made: MadeAhead | None = None
+        if ahead is not None and ahead.s0 is not None:
+            self.made = MadeAhead(None, ahead.s0, ahead.s0_ids)
         self.owns_local = local is None
         self.local = local if local is not None else \
             Track(specialist, self.prompt_ids, room, lazy=True)
@@ -296,25 +300,18 @@ class _Generation:
 
     def _first_round_then(self) -> Callable[[Track, Callable[[], bool]], MadeAhead] | None:
         """What a cold start's background prefill does next while the companion still opens
-        the session: the first round's draft (`rounds.first_draft`: the same greedy draft the
+        the session (`rounds.make_ahead`): the first round's draft (the same greedy draft the
         first round would make after the opening, so the text does not change) and, with
         P_S0 asked on the device, P_S0's prefill of the public prompt (the companion then
-        opens on the Generalist alone). None where neither applies."""
+        opens on the Generalist alone). None where neither applies or was made already."""
         params, rules = self.params, self.rules
         drafts = first_draft_key(params) is not None and self.ahead is None
-        s0_here = params.method == "specsteer" and s0_placed_on_device(params, None)
-        if not (drafts or s0_here):
+        public = list(self.prompt.public_ids) \
+            if s0_ahead_wanted(params) and self.made is None else None
+        if not drafts and public is None:
             return None
-        public = list(self.prompt.public_ids)
-
-        def then(track: Track, stop: Callable[[], bool]) -> MadeAhead:
-            made = MadeAhead(first_draft(track, params, rules, stop) if drafts else None)
-            if s0_here and not stop():
-                made.s0 = s0_track(self.specialist, public, params)
-                made.s0.prefill()  # the passes a round's lazy prefill would run
-            return made
-
-        return then
+        return lambda track, stop: make_ahead(self.specialist, track, params, rules, stop,
+                                              drafts=drafts, public_ids=public)
 
     def _drop_ahead(self) -> None:
         """The draft made ahead (by prepare, or beside the opening) will not be used: the track

@@ -72,18 +72,58 @@ def first_draft(local: Track, params: Params, rules: Rules,
 
 @dataclass
 class MadeAhead:
-    """What a cold start made on the device while the companion was still opening the session:
-    the first round's draft (`first_draft`: the device's track holds the prompt plus its
-    tokens) and, with P_S0 asked on the device, P_S0's track over the public prompt,
-    prefilled in the same passes as a round would (so neither changes the text)."""
+    """What the device made before the session's first round: the first round's draft
+    (`first_draft`: the device's track holds the prompt plus its tokens) and, with P_S0 asked
+    on the device, P_S0's track over the public prompt `s0_ids`, prefilled in the same passes
+    as a round would (so neither changes the text). Made beside a cold start's opening, or by
+    `Client.prepare` while the user typed."""
 
     draft: Drafted | None
     s0: Track | None = None
+    s0_ids: tuple[int, ...] = ()
+
+    def s0_over(self, public_ids: Sequence[int], room: int) -> Track | None:
+        """P_S0's track, taken, if it holds exactly `public_ids` with room for `room` tokens;
+        else it is closed (another request's public prompt, or a longer budget)."""
+        s0, self.s0 = self.s0, None
+        if s0 is not None and (self.s0_ids != tuple(public_ids) or s0.max_length < room):
+            s0.close()
+            return None
+        return s0
+
+    def close_s0(self) -> None:
+        if self.s0 is not None:
+            self.s0.close()
+            self.s0 = None
+
+
+def s0_room(public_ids: Sequence[int], params: Params) -> int:
+    """Tokens P_S0's track holds at most: the public prompt, the budget and a margin."""
+    return len(public_ids) + params.max_new_tokens + 64
 
 
 def s0_track(specialist: LanguageModel, public_ids: Sequence[int], params: Params) -> Track:
     """P_S0 on the device: the Specialist's track over the public ids alone (lazy)."""
-    return Track(specialist, public_ids, len(public_ids) + params.max_new_tokens + 64, lazy=True)
+    return Track(specialist, public_ids, s0_room(public_ids, params), lazy=True)
+
+
+def s0_ahead_wanted(params: Params) -> bool:
+    """Whether P_S0's public prefill can be made before the session opens: SpecSteer with
+    P_S0 asked on the device (a choice left to the companion's hello is not known yet)."""
+    return params.method == "specsteer" and s0_placed_on_device(params, None)
+
+
+def make_ahead(specialist: LanguageModel, track: Track, params: Params, rules: Rules,
+               stop: Callable[[], bool], *, drafts: bool,
+               public_ids: Sequence[int] | None) -> MadeAhead:
+    """After the device's prefill, before the session's first round: the first round's draft
+    (`drafts`) and P_S0's prefill of `public_ids` (None: not on the device). `stop` skips what
+    has not started; P_S0's prefill, once started, runs to its end."""
+    made = MadeAhead(first_draft(track, params, rules, stop) if drafts else None)
+    if public_ids is not None and not stop():
+        made.s0, made.s0_ids = s0_track(specialist, public_ids, params), tuple(public_ids)
+        made.s0.prefill()  # the passes a round's lazy prefill would run
+    return made
 
 
 def session_settings(params: Params, link: CompanionLink) -> SessionSettings:
@@ -135,8 +175,9 @@ def collaborate(
         link.open(public_prompt, settings)
     made = ready() if ready is not None else None
     public_ids = [*public_prompt, *committed]
-    ready_s0 = made.s0 if made is not None else None
-    if ready_s0 is not None and not s0_here:  # P_S0 went to the companion after all
+    # P_S0's track made ahead, if it is this session's (not when P_S0 went to the companion)
+    ready_s0 = made.s0_over(public_ids, s0_room(public_ids, params)) if made else None
+    if ready_s0 is not None and not s0_here:
         ready_s0.close()
         ready_s0 = None
     if mode is Mode.ROWS:
