@@ -236,17 +236,25 @@ def test_a_devices_round_goes_before_other_devices_openings(engine):
         thread.start()
         return thread
 
+    def arrived(count: int) -> None:
+        """Wait (a loaded machine: up to 60 s) until the engine holds `count` requests."""
+        for _ in range(600):
+            if engine.engine.output_processor.get_num_unfinished_requests() >= count:
+                break
+            time.sleep(0.1)
+        time.sleep(0.2)  # its add reaches the engine core before whatever is sent next
+
     loop = engine._loop
     loop.run(engine.engine.pause_generation(mode="keep", clear_cache=False))
     try:
         threads = []
-        for name in names:  # each its own device
+        for i, name in enumerate(names):  # each its own device, arriving in this order
             prompt = [int(t) for t in rng.integers(5, 500, size=2000)]
             threads.append(run(name, lambda p=prompt, o=name: engine.open(
                 p, max_length=2040, temperature=1.0, owner=o)))
-            time.sleep(0.3)  # arrive in this order
+            arrived(i + 1)
         threads.append(run("round", lambda: waiting.score([8, 9, 10], 0, 8)))
-        time.sleep(0.3)
+        arrived(len(names) + 1)
     finally:
         loop.run(engine.engine.resume_generation())
     for thread in threads:

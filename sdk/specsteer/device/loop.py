@@ -326,10 +326,10 @@ class _Generation:
         device's track no longer holds the draft (no round ran, so nothing else follows the
         prompt)."""
         made, self.made = self.made, None
-        if made is not None and made.s0 is not None:
-            made.s0.close()
-        if made is not None and made.draft is not None:
-            self.local.resync(self.prompt_ids)
+        if made is not None:
+            made.close_s0()
+            if made.draft is not None:
+                self.local.resync(self.prompt_ids)
 
     def _resync(self, exc: Exception) -> bool:
         """The link dropped: rebuild the session on a fresh connection now, before any local

@@ -92,6 +92,7 @@ class MadeAhead:
         return s0
 
     def close_s0(self) -> None:
+        """Free P_S0's track: no session will use it."""
         if self.s0 is not None:
             self.s0.close()
             self.s0 = None
