@@ -177,6 +177,8 @@ def run_row(client: Client, query: object, gold: str | None, config: str, user: 
                 warm=s.warm_tokens, switch=s.switch_s, acc=s.acceptance_rate,
                 prefill=s.prefill_s, ready=s.session_ready_s, ids=res.tokens,
                 session_reused=s.session_reused, drafted_ahead=s.drafted_ahead,
+                rounds=s.rounds, device_s=s.device_s, wait_s=s.wait_s, pipelined=s.pipelined,
+                accept_lengths=s.accept_lengths,
                 rougeL=None if gold is None else rouge(res.text, gold).rougeL, text=res.text)
 
 
@@ -238,6 +240,8 @@ CONFIGS: dict[str, dict[str, object]] = {
     "SpecSteer warm start": dict(warm_start=True, warm_start_min_s=0.0),
     # the paper's placement (the default before latency run 7): the companion runs P_S0
     "SpecSteer cold, P_S0 on the companion": dict(warm_start=False, s0_on_device=False),
+    "SpecSteer adaptive K": dict(adaptive_k=True),
+    "SpecSteer gamma 0.1": dict(gamma=0.1, top_k=32),
 }
 console = Console(width=190)
 

@@ -246,6 +246,49 @@ def test_pipelining_never_changes_the_output(tiny_model, verifier, store, extra)
     assert piped.stats.rounds == plain.stats.rounds
 
 
+def test_a_draft_leaves_before_the_pass_after_its_last_token(tiny_model, verifier, store,
+                                                            monkeypatch):
+    """The row after a draft's last token (the bonus position's) is computed while the
+    companion verifies, not before the draft is sent: between a verdict and the next Draft
+    the device runs one pass for the committed token and one per drafted token but the last.
+    Same text as without pipelining either way (`test_pipelining_never_changes_the_output`)."""
+    from specsteer.runtime.onnx import OnnxSession
+
+    events: list[tuple[str, object]] = []
+    append = OnnxSession.append
+
+    def counted(self, ids):
+        events.append(("pass", len(ids)))
+        return append(self, ids)
+
+    monkeypatch.setattr(OnnxSession, "append", counted)
+    limits = protocol.Limits()
+
+    def tap(direction: str, frame: bytes) -> None:
+        message = protocol.decode(frame, limits)
+        if isinstance(message, protocol.Draft):
+            events.append(("draft", len(message.draft_ids)))
+        elif direction == "down" and isinstance(message, protocol.Verdict):
+            events.append(("verdict", message.accepted))
+
+    client = Client(tiny_model, history=store, companion=_local(verifier), tap=tap)
+    result = client.generate(SUBJECT, max_new_tokens=40, k=4, pipeline=False, gamma=0.0,
+                             s0_on_device=False, leak_guard="allow", offline="fail")
+    assert result.stats.rounds >= 4
+    checked = 0
+    for i, (kind, n) in enumerate(events):
+        if kind != "draft" or n != 4:
+            continue
+        before = events[:i]
+        last_verdict = max((j for j, e in enumerate(before) if e[0] == "verdict"), default=None)
+        if last_verdict is None:
+            continue  # the first draft: made beside the opening
+        passes = [e for e in before[last_verdict + 1:] if e[0] == "pass"]
+        assert passes == [("pass", 1)] * 4  # the committed token and 3 drafts, not the 4th
+        checked += 1
+    assert checked >= 3
+
+
 class EagerChannel(LocalChannel):
     """An in-process companion whose verdict is in by the first poll: a pipelined device then
     stops drafting ahead after one token, as on a fast link."""

@@ -76,3 +76,36 @@ def test_the_sample_apps_run_the_device_default(monkeypatch, tmp_path):
         models(tiny=False)
     w8a8.mkdir(parents=True)
     assert models(tiny=False) == (str(w8a8), str(generalist))
+
+
+def test_an_older_sdks_w8a8_folder_is_refused_by_name_and_compile_rewrites_it(monkeypatch,
+                                                                              tmp_path):
+    """A w8a8 folder from an earlier rewrite (version 1: seven elementwise passes a layer,
+    ~30 % slower prefill) computes the same function, so nothing would say it is stale: a
+    device loading it by name is told to recompile, and `models compile` rewrites it from the
+    int8 folder (no GGUF needed) instead of calling it compiled."""
+    import shutil
+
+    from specsteer.models import w8a8
+    from specsteer.models.compile import compile_model
+    from specsteer.models.manifest import read_manifest, write_manifest
+    from specsteer.models.tiny import tiny_model_dir
+
+    monkeypatch.setenv("SPECSTEER_HOME", str(tmp_path / "home"))
+    spec = get_spec("qwen2.5-0.5b")
+    int8, folder = compiled_dir(spec, "int8"), compiled_dir(spec, "w8a8")
+    shutil.copytree(tiny_model_dir("llama", seed=0), int8)  # stands in for the compiled int8
+    w8a8.rewrite_folder(int8, folder)
+    old = "onnxruntime-genai 0.18.0 int8 + specsteer w8a8 rewrite"  # what version 1 wrote
+    write_manifest(folder, name=spec.name, precision="w8a8", chat_template="chatml",
+                   builder=old)
+    with pytest.raises(ModelNotCompiled, match="older SDK.*compile qwen2.5-0.5b --precision w8a8"):
+        resolve_folder("qwen2.5-0.5b", None, device=True)
+    said: list[str] = []
+    assert compile_model("qwen2.5-0.5b", "w8a8", progress=said.append) == folder
+    assert any("older SDK's rewrite" in line for line in said)
+    assert w8a8.is_current(read_manifest(folder))
+    assert resolve_folder("qwen2.5-0.5b", None, device=True) == folder
+    said.clear()
+    compile_model("qwen2.5-0.5b", "w8a8", progress=said.append)  # current now: kept as it is
+    assert any("already compiled" in line for line in said), said

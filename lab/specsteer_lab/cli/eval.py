@@ -57,7 +57,11 @@ def eval_command(
     generalist: Annotated[str, typer.Option(help="Generalist: registry name or compiled folder.")
                           ] = "qwen2.5-1.5b",
     precision: Annotated[str | None, typer.Option(
-        help="Compiled precision of registry models (default: the registry's).")] = None,
+        help="The Generalist's compiled precision (default: the registry's).")] = None,
+    specialist_precision: Annotated[str | None, typer.Option(
+        help="The Specialist's, run on the device runtime as a Client runs it (default: the "
+             "precision a device runs it at, docs/models.md); P_S0 is the same artifact")
+    ] = None,
     retrieve_k: Annotated[int, typer.Option(min=0, help="BM25 records in the private context."
                                             )] = 5,
     rtt_ms: Annotated[float, typer.Option(
@@ -77,7 +81,7 @@ def eval_command(
     decoding: dict[str, Any] | None = None,
 ) -> None:
     """Evaluate SpecSteer and the baselines: ROUGE, acceptance, speed and bytes per token."""
-    from specsteer.runtime import load_model
+    from specsteer.runtime import load_device_model, load_model
     from specsteer_lab.eval import data as data_lib
     from specsteer_lab.eval import harness as harness_lib
     from specsteer_lab.eval import report as report_lib
@@ -97,9 +101,11 @@ def eval_command(
         examples = data_lib.load_examples(task, data, users)
         err.print(f"{len(examples)} users × {len(specs)} methods; loading {specialist} and "
                   f"{generalist}", style="dim", markup=False)
-        harness = harness_lib.Harness(load_model(specialist, precision=precision, threads=threads),
-                                      load_model(generalist, precision=precision, threads=threads),
-                                      config)
+        # the Specialist as a device runs it (its runtime and default precision): the speed
+        # and the text are what a Client's user gets
+        harness = harness_lib.Harness(
+            load_device_model(specialist, precision=specialist_precision, threads=threads),
+            load_model(generalist, precision=precision, threads=threads), config)
         harness_lib.check_run_config(out, harness_lib.run_config(
             harness, None if data is None else str(data.resolve())))
         results = out / RESULTS

@@ -36,6 +36,15 @@ class Drafted:
     tokens: list[int] = field(default_factory=list)
     rows: list[np.ndarray] = field(default_factory=list)
     step_s: float | None = None  # seconds per drafted token (feeds the adaptive K)
+    # the last token is chosen but not yet in the session (`draft(last_pending=True)`): its
+    # row (the bonus position's) is computed by `settle`, after the draft has left
+    pending: bool = False
+
+    def settle(self, local: Track) -> None:
+        """Append the pending last token to `local`: the row after it joins `rows`."""
+        if self.pending:
+            self.pending = False
+            self.rows.append(local.push(self.tokens[-1]))
 
 
 def budget(params: Params, k: int, produced: int) -> int:
@@ -54,6 +63,7 @@ def draft(
     rules: Rules | None = None,
     written: Sequence[int] = (),
     cancel: threading.Event | None = None,
+    last_pending: bool = False,
 ) -> Drafted:
     """Draft up to k tokens (`stop` cuts it short), or continue the draft `into` up to k.
 
@@ -61,10 +71,12 @@ def draft(
     each drafted token, what may not follow the output so far: `written` (the generation's
     output before this draft) and the tokens drafted (`device.rules`). `cancel`, once set,
     raises `GenerationCancelled` before the next token (a draft of K tokens takes K model
-    passes).
+    passes). `last_pending`: the k-th token is chosen but left `pending`, so the draft can
+    leave one model pass sooner (the pass for the row after it runs while the companion
+    verifies: `Drafted.settle`).
     """
     drafted = into if into is not None else Drafted(local.length, [], [local.row])
-    started, before = time.perf_counter(), len(drafted.tokens)
+    started, passes = time.perf_counter(), 0
     while len(drafted.tokens) < k and not (drafted.tokens and drafted.tokens[-1] in eos):
         if stop is not None and drafted.tokens and stop():
             break
@@ -77,7 +89,11 @@ def draft(
         drafted.tokens.append(token)
         if token in eos:
             break
+        if last_pending and len(drafted.tokens) == k:
+            drafted.pending = True
+            break
         drafted.rows.append(local.push(token))
-    if len(drafted.tokens) > before:
-        drafted.step_s = (time.perf_counter() - started) / (len(drafted.tokens) - before)
+        passes += 1
+    if passes:
+        drafted.step_s = (time.perf_counter() - started) / passes
     return drafted

@@ -259,6 +259,7 @@ class SteeredRounds:
         off = len(self.committed)
         s0_base, s0_rows, s0_draft = self._s0_of_draft(drafted)
         self.link.submit_draft(drafted, self.committed, s0_draft)
+        current.settle(self.local)  # the bonus position's row, while the companion verifies
         guess = self._bet(current, s0_rows)
         stats.device_s += time.perf_counter() - t0
         verdict = self.link.wait_verdict()
@@ -307,14 +308,14 @@ class SteeredRounds:
                 self.local.push(self.committed[-1])
             return draft(
                 self.local, size, params.temperature, self.rng, self.eos, rules=self.rules,
-                written=self.text, cancel=self.link.cancel,
+                written=self.text, cancel=self.link.cancel, last_pending=True,
             )
         current, self.ahead = self.ahead, None
         # the bet was cut short when the verdict landed: finish it, so that a round's draft
         # (where its bonus falls, so the text) never depends on timing
         cut = len(current.tokens)
         draft(self.local, size, params.temperature, self.rng, self.eos, into=current,
-              rules=self.rules, written=self.text, cancel=self.link.cancel)
+              rules=self.rules, written=self.text, cancel=self.link.cancel, last_pending=True)
         if self.ahead_s0 is not None and len(current.tokens) > cut:
             assert self.s0 is not None
             extra = self.s0.extend(current.tokens[cut:])[1:]
@@ -346,6 +347,9 @@ class SteeredRounds:
     def _cut(self, current: Drafted, cut: int) -> None:
         """Shorten the draft to its first `cut` tokens; both tracks forget the rest."""
         dropped = len(current.tokens) - cut
+        if not dropped:
+            return
+        current.pending = False  # the token left pending is among those cut
         del current.tokens[cut:], current.rows[cut + 1 :]
         self.local.keep(current.base + cut, current.rows[cut])
         if self.ahead_s0 is not None:  # the won bet's P_S0 rows went past the cut as well

@@ -23,6 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from specsteer.errors import ModelError, ModelNotFetched
+from specsteer.models import w8a8
 from specsteer.models.fetch import verify
 from specsteer.models.logits_rows import prefill_macs, upgrade_folder
 from specsteer.models.manifest import read_manifest, write_manifest
@@ -171,18 +172,23 @@ def compile_model(
     say = progress or (lambda _msg: None)
     dest = compiled_dir(spec, precision)
     if dest.exists() and not force:
-        if add_logits_rows(dest):
-            say(f"{spec.name} {precision}: added the last-rows output layer to {dest}")
-        say(f"{spec.name} {precision}: already compiled at {dest}")
-        return dest
-    gguf = gguf_path(spec)  # an added model: the user's GGUF file or Hugging Face folder
-    if not gguf.exists() and not spec.source:
-        raise ModelNotFetched(
-            f"{spec.name} is not fetched; run `specsteer models fetch {spec.name}`"
-        )
-    verify(spec, gguf)
-    if precision == "w8a8":
+        if precision == "w8a8" and not w8a8.is_current(read_manifest(dest)):
+            say(f"{spec.name} w8a8: {dest} holds an older SDK's rewrite (a slower graph); "
+                "rewriting it")
+        else:
+            if add_logits_rows(dest):
+                say(f"{spec.name} {precision}: added the last-rows output layer to {dest}")
+            say(f"{spec.name} {precision}: already compiled at {dest}")
+            return dest
+    if precision == "w8a8":  # a rewrite of the int8 folder: the source is read for that one
         source = compile_model(name, "int8", progress=progress)
+    else:
+        source = gguf_path(spec)  # an added model: the user's GGUF file or Hugging Face folder
+        if not source.exists() and not spec.source:
+            raise ModelNotFetched(
+                f"{spec.name} is not fetched; run `specsteer models fetch {spec.name}`"
+            )
+        verify(spec, source)
     dest.parent.mkdir(parents=True, exist_ok=True)
     for stale in dest.parent.glob(f".{dest.name}.*"):  # left by a compile that was killed
         shutil.rmtree(stale, ignore_errors=True)
@@ -195,7 +201,7 @@ def compile_model(
         if precision == "w8a8":
             _rewrite_w8a8(spec, source, out, log, say)
         else:
-            _build(spec, gguf, precision, work, log, say)
+            _build(spec, source, precision, work, log, say)
         upgrade_folder(out)
         _write_manifest(spec, precision, out, time.monotonic() - started)
         install_folder(out, dest)
@@ -285,7 +291,7 @@ def _write_manifest(spec: ModelSpec, precision: str, folder: Path, seconds: floa
         architecture=spec.architecture,
         chat_template=spec.chat_template,
         builder=f"onnxruntime-genai {onnxruntime_genai.__version__}"
-        + (" int8 + specsteer w8a8 rewrite" if precision == "w8a8" else ""),
+        + (f" int8 + {w8a8.REWRITE}" if precision == "w8a8" else ""),
         compile_seconds=round(seconds, 1),
     )
 

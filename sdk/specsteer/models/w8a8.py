@@ -33,6 +33,12 @@ from pathlib import Path
 
 import numpy as np
 
+# What the manifest's `builder` ends with for a folder this code rewrote. A new value when the
+# graph changes: a folder from an older rewrite is rebuilt by `models compile` and refused by
+# name at load time (version 1, seven elementwise passes, prefilled 153 tok/s where version 2
+# prefills 212 on one core: docs/BENCHMARKS.md, "Device prefill and decode")
+REWRITE = "specsteer w8a8 rewrite 2"
+
 # Without VNNI, MLAS sums pairs of u8 x s8 products in saturating int16: 255 * |w_q| * 2 must
 # stay below 32768 or sums silently clip (measured: off by hundreds on random rows). Weights
 # therefore use 7 bits of their int8 (+-63, ONNX Runtime's own "reduce_range" on such CPUs) and
@@ -42,6 +48,11 @@ WEIGHT_LEVELS = 63
 ACT_LEVELS = 127
 ZERO = 128
 EPS = 1e-8  # floor of a row's max: an all-zero row quantizes to zeros, not NaN
+
+
+def is_current(manifest: dict) -> bool:
+    """Whether a w8a8 folder's manifest says this code's rewrite made it."""
+    return str(manifest.get("builder", "")).endswith(REWRITE)
 
 
 def quantize_channels(weight: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

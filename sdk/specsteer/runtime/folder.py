@@ -17,6 +17,7 @@ import numpy as np
 from specsteer.errors import CorruptModelError, ModelNotCompiled, SessionError
 from specsteer.models.manifest import check_files, read_manifest
 from specsteer.models.registry import compiled_dir, get_spec
+from specsteer.models.w8a8 import is_current
 from specsteer.tokenizer import Tokenizer
 
 DEFAULT_MAX_LENGTH = 4096
@@ -119,6 +120,12 @@ def resolve_folder(name_or_folder: str | Path, precision: str | None, *,
         raise ModelNotCompiled(
             f"{spec.name} is not compiled at {precision}; run `specsteer models fetch "
             f"{spec.name} && specsteer models compile {spec.name} --precision {precision}`"
+        )
+    if precision == "w8a8" and not is_current(read_manifest(folder)):
+        raise ModelNotCompiled(
+            f"{spec.name} at w8a8 was rewritten by an older SDK (a slower graph); run "
+            f"`specsteer models compile {spec.name} --precision w8a8` (seconds: it rewrites "
+            "the int8 folder again)"
         )
     return folder
 
