@@ -227,6 +227,16 @@ def measure_writer(args: argparse.Namespace, specialist, upstream: int, label: s
     return rows
 
 
+def warm_up(specialist, upstream: int, store: HistoryStore, query: object) -> None:
+    """One short unmeasured generation of each kind first: the companion's first session
+    (its memory arena, its thread pool) and the device's first passes would otherwise be
+    counted against whichever configuration the first writer runs first."""
+    client = Client(specialist, history=store, companion=f"ws://127.0.0.1:{upstream}")
+    for method in ("llm", "specsteer"):
+        client.generate(query, task="email", method=method, max_new_tokens=8)  # type: ignore
+    client.close()
+
+
 def wanted(args: argparse.Namespace, name: str) -> bool:
     """Whether configuration `name` runs (`--only`)."""
     return not args.only or name in args.only
@@ -287,7 +297,9 @@ def main() -> None:
     extra: dict[str, object] = {"threads": args.threads, "runtime": args.runtime,
                                 "specialist_precision": specialist.precision}
     try:
-        for label, store, query, gold, budget in writers(args):
+        every = writers(args)
+        warm_up(specialist, upstream, *every[0][1:3])
+        for label, store, query, gold, budget in every:
             rows += measure_writer(args, specialist, upstream, label, store, query, gold,
                                    budget, extra)
     finally:

@@ -61,6 +61,31 @@ def test_eval_writes_results_report_and_plot_then_resumes(app, tmp_path):
     assert "| CoSteer | 2 |" in (out / "report.md").read_text()
 
 
+def test_eval_runs_the_specialist_as_a_device_does(app, tmp_path, monkeypatch):
+    """The Specialist is loaded by `load_device_model` (the device's runtime and, for a
+    registry name, its default precision unless --specialist-precision says otherwise): the
+    speed and the text are what a Client's user gets. --precision is the Generalist's."""
+    import specsteer.runtime as runtime
+
+    calls: list[tuple[str, str, object]] = []
+
+    def spy(name: str, loader):
+        def load(folder, precision=None, threads=None):
+            calls.append((name, str(folder), precision))
+            return loader(folder, precision=precision, threads=threads)
+        return load
+
+    monkeypatch.setattr(runtime, "load_device_model", spy("device", runtime.load_device_model))
+    monkeypatch.setattr(runtime, "load_model", spy("genai", runtime.load_model))
+    args = [*_args(tmp_path / "run", "slm"), "--specialist-precision", "w8a8", "--precision",
+            "int8"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    specialist = str(tiny_model_dir("llama", seed=0))
+    generalist = str(tiny_model_dir("llama", seed=1))
+    assert calls == [("device", specialist, "w8a8"), ("genai", generalist, "int8")]
+
+
 def test_eval_refuses_to_mix_setups_in_one_folder(app, tmp_path):
     runner = CliRunner()
     out = tmp_path / "run"
