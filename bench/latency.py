@@ -9,9 +9,12 @@ trip in each direction. Per user of the newsgroups email task (or the persona of
     opening), SpecSteer warm start (always: `warm_start_min_s` 0), SpecSteer after
     `Client.prepare` (TTFT counted from the final request, prefill done while "typing");
   * SpecSteer cold with P_S0 on the companion (`s0_on_device=False`, the paper's placement);
+  * SpecSteer with the adaptive K (`adaptive_k`) and at gamma 0.1 with 32 candidates (the
+    `fast` preset's): the other defaults one could choose, measured beside this one;
   * the Generalist alone (the LLM baseline over the same socket path: the cloud model alone);
   * SLM+RAG (device only; the same at every round trip, run once per user).
-Ratios are against the Generalist alone of the same user and round trip, from this run.
+Ratios are against the Generalist alone of the same user and round trip, from this run; one
+unmeasured generation of each kind runs first (`warm_up`).
 "opens as G": the text's first 8 tokens are the Generalist alone's (a warm start's opening is
 the Generalist's own, written from the public request); ROUGE-L against what the user wrote.
 Also: prefill tokens/s of the Specialist per thread count (and the implied multiply-add rate),
