@@ -301,7 +301,8 @@ def main() -> None:
                                 "specialist_precision": specialist.precision}
     try:
         every = writers(args)
-        warm_up(specialist, upstream, *every[0][1:3])
+        _, first_store, first_query, *_ = every[0]
+        warm_up(specialist, upstream, first_store, first_query)
         for label, store, query, gold, budget in every:
             rows += measure_writer(args, specialist, upstream, label, store, query, gold,
                                    budget, extra)
