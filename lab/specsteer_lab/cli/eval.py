@@ -65,7 +65,8 @@ def eval_command(
     retrieve_k: Annotated[int, typer.Option(min=0, help="BM25 records in the private context."
                                             )] = 5,
     rtt_ms: Annotated[float, typer.Option(
-        min=0, help="Emulated network round trip added to every companion reply.")] = 0.0,
+        min=0, help="Emulated network round trip: half delays each request, half each reply.")
+    ] = 0.0,
     max_prompt_tokens: Annotated[int | None, typer.Option(
         min=64, help="Budget of the private prompt (default: the task's measured budget).")
     ] = None,

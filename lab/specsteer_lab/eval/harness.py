@@ -3,15 +3,16 @@
 Per example it builds a fresh in-memory `HistoryStore` from the user's profile, retrieves the
 BM25 top-k records, renders the prompt with and without them in the Specialist's chat format,
 and runs each selected method with `device.decode`. Collaborative methods talk to an in-process
-companion (`LocalChannel`: the same frames as the network), so bytes and round trips are those a
-deployment would pay; an optional emulated round-trip time is slept on every companion reply.
+companion on its own thread (`ConcurrentChannel`: the same frames as the network, computed beside
+the device as on another machine), so bytes, round trips and the overlap of device and companion
+work are those a deployment would have; an optional emulated round-trip time delays every
+request and reply by half of it each.
 Every method decodes under the same length bounds: the user's length policy (from the retrieved
 history, as the device applies it) capped by `max_new_tokens`, so no method is cut shorter or
 allowed longer than another. Rows carry ROUGE, the length ratio and the style similarity
 (`voice`). Rows go to `results.jsonl` one by one, so an interrupted run resumes where it stopped.
-It must not change what any method outputs: it calls `decode` and measures (pipelined drafting
-is off by default and the LLM baseline's unused device session gets the public prompt, neither of
-which changes a token).
+It must not change what any method outputs: it calls `decode` and measures (the LLM baseline's
+unused device session gets the public prompt, which changes no token).
 """
 
 from __future__ import annotations
@@ -28,11 +29,11 @@ from specsteer.device import LOCAL_METHODS, METHODS, DecodeStats, DevicePrompt, 
 from specsteer.history import prompts
 from specsteer.history.length import LengthPolicy
 from specsteer.history.store import HistoryStore
-from specsteer.link import CompanionLink, FrameChannel
+from specsteer.link import CompanionLink
 from specsteer.runtime.base import LanguageModel
 from specsteer.settings import PRESETS
 from specsteer.tokenizer import Message
-from specsteer_companion.local import LocalChannel
+from specsteer_companion.local import ConcurrentChannel
 from specsteer_companion.verifier import Verifier
 from specsteer_lab.eval.data import EvalError, Example
 from specsteer_lab.eval.metrics import rouge
@@ -110,11 +111,10 @@ def parse_methods(names: Iterable[str]) -> list[MethodSpec]:
 
 
 # The decoding settings every method of a run shares, where a run departs from the SDK's:
-# at most 64 new tokens; no pipelining (drafting the next round while the companion verifies
-# only pays when the two run at the same time: the in-process companion runs in between, so it
-# would only add the lost bets' drafting to SpecSteer's and speculative decoding's time; the
-# output is the same); no warm start (each method's own text: no timing-dependent start).
-EVAL_DECODING = Params(max_new_tokens=64, pipeline=False, warm_start=False)
+# at most 64 new tokens; no warm start (each method's own text: no timing-dependent start).
+# Pipelining stays on, as on a device: the companion runs on its own thread, so drafting the
+# next round while it verifies pays as it does over a network (the output is the same).
+EVAL_DECODING = Params(max_new_tokens=64, warm_start=False)
 # what each method (gamma, the method itself) and each user (the minimum) set for themselves
 PER_METHOD = ("method", "gamma", "min_new_tokens")
 
@@ -175,17 +175,15 @@ class EvalConfig:
 
 
 class MeteredChannel:
-    """A FrameChannel that times the companion as the device sees it, plus an emulated RTT.
+    """A FrameChannel that times how long the device waits on the companion.
 
-    The in-process companion computes inside `send`, a networked one before `recv` returns, so
-    both are timed. `rtt_ms` is slept before each reply: every protocol request gets exactly one
-    reply frame, so per-token methods pay the RTT once per token and SpecSteer once per round,
-    as over a real link.
+    The companion computes on its own thread (`ConcurrentChannel`), so only the time the device
+    spends in `send` and `recv` counts: the companion's compute and the emulated network where
+    the device had nothing else to do, not what overlapped with its own work.
     """
 
-    def __init__(self, inner: FrameChannel, rtt_ms: float = 0.0) -> None:
+    def __init__(self, inner: ConcurrentChannel) -> None:
         self.inner = inner
-        self.delay_s = rtt_ms / 1000.0
         self.busy_s = 0.0  # companion compute + emulated network, as waited for by the device
 
     def send(self, frame: bytes) -> None:
@@ -198,11 +196,12 @@ class MeteredChannel:
     def recv(self, timeout: float) -> bytes:
         started = time.perf_counter()
         try:
-            if self.delay_s > 0:
-                time.sleep(self.delay_s)
             return self.inner.recv(timeout)
         finally:
             self.busy_s += time.perf_counter() - started
+
+    def poll(self) -> bytes | None:
+        return self.inner.poll()
 
     def close(self) -> None:
         self.inner.close()
@@ -260,7 +259,8 @@ class Harness:
                         tuple(text for _, text in prompt.examples))
 
     def _link(self) -> tuple[CompanionLink, MeteredChannel]:
-        channel = MeteredChannel(LocalChannel.for_verifier(self.verifier), self.config.rtt_ms)
+        channel = MeteredChannel(ConcurrentChannel.for_verifier(
+            self.verifier, one_way_s=self.config.rtt_ms / 2000.0))
         link = CompanionLink(channel)
         link.hello(generalist_sha256=self.generalist.sha256,
                    specialist_sha256=self.specialist.sha256)
