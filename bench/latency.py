@@ -32,8 +32,6 @@ typing), then TTFT from the final request: its private prefill and its companion
 from __future__ import annotations
 
 import argparse
-import asyncio
-import contextlib
 import json
 import os
 import statistics
@@ -53,59 +51,9 @@ from specsteer.runtime.track import Track
 from specsteer_companion.process import start_companion
 from specsteer_lab.eval.data import shared_file
 from specsteer_lab.eval.metrics import rouge
+from specsteer_lab.network import DelayProxy
 
 DEVICE_CORE, COMPANION_CORE = 0, 1
-
-
-class DelayProxy:
-    """Loopback TCP proxy delaying each chunk by `one_way_s` in both directions (in order)."""
-
-    def __init__(self, upstream_port: int, one_way_s: float) -> None:
-        self.upstream_port, self.one_way_s = upstream_port, one_way_s
-        self.loop = asyncio.new_event_loop()
-        self.port = 0
-        ready = threading.Event()
-        threading.Thread(target=self._serve, args=(ready,), daemon=True).start()
-        ready.wait(10)
-
-    def _serve(self, ready: threading.Event) -> None:
-        asyncio.set_event_loop(self.loop)
-
-        async def start() -> None:
-            server = await asyncio.start_server(self._client, "127.0.0.1", 0)
-            self.port = server.sockets[0].getsockname()[1]
-            ready.set()
-
-        self.loop.run_until_complete(start())
-        self.loop.run_forever()
-
-    async def _client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.upstream_port)
-        await asyncio.gather(self._pipe(reader, up_writer), self._pipe(up_reader, writer))
-
-    async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        queue: asyncio.Queue[tuple[float, bytes]] = asyncio.Queue()
-
-        async def deliver() -> None:
-            while True:
-                due, data = await queue.get()
-                if not data:
-                    break
-                await asyncio.sleep(max(0.0, due - time.monotonic()))
-                writer.write(data)
-                await writer.drain()
-            writer.close()
-
-        sender = asyncio.ensure_future(deliver())
-        with contextlib.suppress(ConnectionError):
-            while data := await reader.read(65536):
-                queue.put_nowait((time.monotonic() + self.one_way_s, data))
-        queue.put_nowait((0.0, b""))
-        with contextlib.suppress(ConnectionError):
-            await sender
-
-    def close(self) -> None:
-        self.loop.call_soon_threadsafe(self.loop.stop)
 
 
 def timed(client: Client, query: object, task: str, **params: object) -> tuple[float, float,

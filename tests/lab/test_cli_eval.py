@@ -61,6 +61,30 @@ def test_eval_writes_results_report_and_plot_then_resumes(app, tmp_path):
     assert "| CoSteer | 2 |" in (out / "report.md").read_text()
 
 
+def test_the_companion_process_gives_the_threads_text_over_a_delayed_websocket(app, tmp_path):
+    """--companion process (the default) serves the same models from a child process over a
+    websocket through the emulated network: the same text and frames as the in-process
+    companion, every round trip paid, and run.json says where the companion ran."""
+    runner = CliRunner()
+    rows = {}
+    for where in ("process", "thread"):
+        out = tmp_path / where
+        result = runner.invoke(app, [*_args(out, "llm", "specsteer@0.5"), "--companion", where,
+                                     "--rtt-ms", "60"])
+        assert result.exit_code == 0, result.output
+        assert json.loads((out / "run.json").read_text())["companion"] == where
+        rows[where] = {(r["user"], r["method"]): r for r in
+                       map(json.loads, (out / "results.jsonl").read_text().splitlines())}
+    assert rows["process"].keys() == rows["thread"].keys()
+    for key, row in rows["process"].items():
+        same = rows["thread"][key]
+        assert (row["text"], row["bytes_up"], row["bytes_down"], row["round_trips"]) == (
+            same["text"], same["bytes_up"], same["bytes_down"], same["round_trips"])
+        assert row["round_trips"] > 1
+        # each request and reply crossed the proxy: the round trips follow one another
+        assert row["wall_s"] >= row["round_trips"] * 0.06
+
+
 def test_eval_runs_the_specialist_as_a_device_does(app, tmp_path, monkeypatch):
     """The Specialist is loaded by `load_device_model` (the device's runtime and, for a
     registry name, its default precision unless --specialist-precision says otherwise): the

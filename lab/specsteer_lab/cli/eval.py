@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import time
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -29,7 +30,7 @@ from specsteer.cli import options
 from specsteer.errors import SpecSteerError
 from specsteer.history.prompts import DEFAULT_MIN_EXAMPLE_TOKENS
 from specsteer.options import EVAL
-from specsteer_lab.eval.harness import EVAL_DECODING
+from specsteer_lab.eval.harness import EVAL_DECODING, Companion
 
 
 def register(app: typer.Typer) -> None:
@@ -77,6 +78,12 @@ def eval_command(
         help="Every method generates within the user's length policy (min/max new tokens from "
              "the history), capped by --max-new-tokens.")] = True,
     threads: Annotated[int, typer.Option(min=1, help="ONNX Runtime threads per model.")] = 1,
+    companion: Annotated[Companion, typer.Option(
+        help="Where the companion runs: process (`specsteer-companion serve` in a child "
+             "process over a websocket, on its own core: a deployment's timing) or thread (in "
+             "this process: quicker to start, but the Generalist's passes hold the GIL, so "
+             "device and companion overlap less than on two machines).")
+    ] = Companion.process,
     out: Annotated[Path, typer.Option(help="Results folder (resumed when it exists).")
                    ] = Path("eval-results"),
     decoding: dict[str, Any] | None = None,
@@ -104,14 +111,18 @@ def eval_command(
                   f"{generalist}", style="dim", markup=False)
         # the Specialist as a device runs it (its runtime and default precision): the speed
         # and the text are what a Client's user gets
-        harness = harness_lib.Harness(
-            load_device_model(specialist, precision=specialist_precision, threads=threads),
-            load_model(generalist, precision=precision, threads=threads), config)
-        harness_lib.check_run_config(out, harness_lib.run_config(
-            harness, None if data is None else str(data.resolve())))
-        results = out / RESULTS
-        planned = {(e.user, s.label) for e in examples for s in specs}
-        _run_with_progress(err, harness, examples, specs, results, planned)
+        device = load_device_model(specialist, precision=specialist_precision, threads=threads)
+        cloud = load_model(generalist, precision=precision, threads=threads)
+        with ExitStack() as stack:
+            connect = None if companion is Companion.thread else stack.enter_context(
+                harness_lib.companion_process(str(cloud.folder), str(device.folder),
+                                              cloud.precision, threads, rtt_ms))
+            harness = harness_lib.Harness(device, cloud, config, connect)
+            harness_lib.check_run_config(out, harness_lib.run_config(
+                harness, None if data is None else str(data.resolve())))
+            results = out / RESULTS
+            planned = {(e.user, s.label) for e in examples for s in specs}
+            _run_with_progress(err, harness, examples, specs, results, planned)
         rows = [r for r in harness_lib.read_results(results)
                 if harness_lib.row_key(r) in planned]
         plot = report_lib.plot_quality_vs_speed(rows, out / "quality_vs_speed.png")

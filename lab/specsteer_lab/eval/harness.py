@@ -2,9 +2,10 @@
 
 Per example it builds a fresh in-memory `HistoryStore` from the user's profile, retrieves the
 BM25 top-k records, renders the prompt with and without them in the Specialist's chat format,
-and runs each selected method with `device.decode`. Collaborative methods talk to an in-process
-companion on its own thread (`ConcurrentChannel`: the same frames as the network, computed beside
-the device as on another machine), so bytes, round trips and the overlap of device and companion
+and runs each selected method with `device.decode`. Collaborative methods talk to a companion
+that computes beside the device, as on another machine: in this process on its own thread
+(`ConcurrentChannel`), or a `specsteer-companion serve` child process (`companion_process`).
+The frames are the network's, so bytes, round trips and the overlap of device and companion
 work are those a deployment would have; an optional emulated round-trip time delays every
 request and reply by half of it each.
 Every method decodes under the same length bounds: the user's length policy (from the retrieved
@@ -19,30 +20,44 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, fields, replace
+from enum import StrEnum
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from specsteer.device import LOCAL_METHODS, METHODS, DecodeStats, DevicePrompt, Params, decode
 from specsteer.history import prompts
 from specsteer.history.length import LengthPolicy
 from specsteer.history.store import HistoryStore
-from specsteer.link import CompanionLink
+from specsteer.link import CompanionLink, FrameChannel
 from specsteer.runtime.base import LanguageModel
 from specsteer.settings import PRESETS
 from specsteer.tokenizer import Message
+from specsteer.transport import WebSocketChannel
 from specsteer_companion.local import ConcurrentChannel
+from specsteer_companion.process import start_companion
 from specsteer_companion.verifier import Verifier
 from specsteer_lab.eval.data import EvalError, Example
 from specsteer_lab.eval.metrics import rouge
 from specsteer_lab.eval.voice import Voices
+from specsteer_lab.network import DelayProxy
 
 DEFAULT_METHODS = ("slm", "slm_rag", "llm", "speculative", "light_costeer", "costeer",
                    "specsteer@1.0", "specsteer@0.5", "specsteer@0.1")
 RESULTS = "results.jsonl"
 RUN_CONFIG = "run.json"
+
+
+class Companion(StrEnum):
+    """Where the evaluated companion runs (`companion_process`, `ConcurrentChannel`)."""
+
+    process = "process"
+    thread = "thread"
 
 
 @dataclass(frozen=True)
@@ -177,12 +192,12 @@ class EvalConfig:
 class MeteredChannel:
     """A FrameChannel that times how long the device waits on the companion.
 
-    The companion computes on its own thread (`ConcurrentChannel`), so only the time the device
-    spends in `send` and `recv` counts: the companion's compute and the emulated network where
-    the device had nothing else to do, not what overlapped with its own work.
+    The companion computes apart from the device (its own thread or process), so only the time
+    the device spends in `send` and `recv` counts: the companion's compute and the network
+    where the device had nothing else to do, not what overlapped with its own work.
     """
 
-    def __init__(self, inner: ConcurrentChannel) -> None:
+    def __init__(self, inner: FrameChannel) -> None:
         self.inner = inner
         self.busy_s = 0.0  # companion compute + emulated network, as waited for by the device
 
@@ -201,10 +216,47 @@ class MeteredChannel:
             self.busy_s += time.perf_counter() - started
 
     def poll(self) -> bytes | None:
-        return self.inner.poll()
+        poll = getattr(self.inner, "poll", None)
+        return poll() if poll is not None else None
 
     def close(self) -> None:
         self.inner.close()
+
+
+def _drain(stream: IO[str]) -> None:
+    for _ in stream:
+        pass
+
+
+@contextmanager
+def companion_process(generalist: str, specialist: str, precision: str, threads: int,
+                      rtt_ms: float) -> Iterator[Callable[[], FrameChannel]]:
+    """The companion as deployed, for `Harness(connect=...)`: `specsteer-companion serve` in a
+    child process (no GIL shared with the device: ONNX Runtime GenAI holds it during a pass),
+    reached over a websocket through `DelayProxy` (half of `rtt_ms` each way). With one thread
+    each and two cores or more, the device keeps core 0 and the companion gets core 1.
+    `generalist` at `precision` and `specialist` (the device's folder: P_S0 is its artifact)
+    are what `specsteer-companion serve` takes."""
+    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    pinned = threads == 1 and len(cores) >= 2
+    proc, url = start_companion(generalist, specialist, precision,
+                                threads=threads, core=cores[1] if pinned else None)
+    if proc.stdout is not None:  # what it prints after its ready line: drained, never blocking it
+        threading.Thread(target=_drain, args=(proc.stdout,), daemon=True).start()
+    proxy = DelayProxy(int(url.rsplit(":", 1)[1]), rtt_ms / 2000.0)
+    if pinned:
+        os.sched_setaffinity(0, {cores[0]})
+    try:
+        yield lambda: WebSocketChannel(f"ws://127.0.0.1:{proxy.port}")
+    finally:
+        if pinned:
+            os.sched_setaffinity(0, set(cores))
+        proxy.close()
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
 
 
 @dataclass(frozen=True)
@@ -222,7 +274,10 @@ class Harness:
     """Loaded models and an in-process companion; runs methods on examples."""
 
     def __init__(self, specialist: LanguageModel, generalist: LanguageModel,
-                 config: EvalConfig) -> None:
+                 config: EvalConfig, connect: Callable[[], FrameChannel] | None = None) -> None:
+        """`connect`: a fresh channel to a companion serving these two models, with the
+        config's round trip applied on the way (`companion_process`); None: the companion in
+        this process, on its own thread (`ConcurrentChannel`)."""
         if specialist.tokenizer.vocab_hash != generalist.tokenizer.vocab_hash:
             raise EvalError(
                 f"{specialist.name} and {generalist.name} have different tokenizers; the "
@@ -234,6 +289,9 @@ class Harness:
         self.config = config
         # The companion's generic Specialist is the device's own artifact: share the loaded model.
         self.verifier = Verifier(generalist, specialist)
+        self.companion = Companion.thread if connect is None else Companion.process
+        self.connect = connect or (lambda: ConcurrentChannel.for_verifier(
+            self.verifier, one_way_s=config.rtt_ms / 2000.0))
 
     def prepare(self, example: Example) -> Prepared:
         """Fresh history from the profile, BM25 top-k, both prompts in the chat format."""
@@ -259,8 +317,7 @@ class Harness:
                         tuple(text for _, text in prompt.examples))
 
     def _link(self) -> tuple[CompanionLink, MeteredChannel]:
-        channel = MeteredChannel(ConcurrentChannel.for_verifier(
-            self.verifier, one_way_s=self.config.rtt_ms / 2000.0))
+        channel = MeteredChannel(self.connect())
         link = CompanionLink(channel)
         link.hello(generalist_sha256=self.generalist.sha256,
                    specialist_sha256=self.specialist.sha256)
@@ -405,6 +462,7 @@ def run_config(harness: Harness, data: str | None) -> dict[str, Any]:
         **config,
         **{name: value for name, value in decoding.items() if name not in PER_METHOD},
         "data": data,
+        "companion": harness.companion.value,
         "specialist": harness.specialist.name,
         "specialist_sha256": harness.specialist.sha256,
         "generalist": harness.generalist.name,
