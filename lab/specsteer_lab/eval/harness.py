@@ -24,7 +24,7 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import asdict, dataclass, fields, replace
 from enum import StrEnum
 from pathlib import Path
@@ -223,6 +223,14 @@ class MeteredChannel:
         self.inner.close()
 
 
+def _pin_threads(cores: set[int]) -> None:
+    """Every thread of this process on `cores` (Linux pins one thread a call; the ones started
+    later inherit their starter's)."""
+    for tid in os.listdir("/proc/self/task"):
+        with suppress(ProcessLookupError):  # a thread that ended meanwhile
+            os.sched_setaffinity(int(tid), cores)
+
+
 def _drain(stream: IO[str]) -> None:
     for _ in stream:
         pass
@@ -245,12 +253,12 @@ def companion_process(generalist: str, specialist: str, precision: str, threads:
         threading.Thread(target=_drain, args=(proc.stdout,), daemon=True).start()
     proxy = DelayProxy(int(url.rsplit(":", 1)[1]), rtt_ms / 2000.0)
     if pinned:
-        os.sched_setaffinity(0, {cores[0]})
+        _pin_threads({cores[0]})
     try:
         yield lambda: WebSocketChannel(f"ws://127.0.0.1:{proxy.port}")
     finally:
         if pinned:
-            os.sched_setaffinity(0, set(cores))
+            _pin_threads(set(cores))
         proxy.close()
         proc.terminate()
         try:
