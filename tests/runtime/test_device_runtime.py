@@ -202,3 +202,58 @@ def test_a_cancel_stops_a_long_qwen_pass_mid_way():
     assert stopped_s < full_s / 2, (stopped_s, full_s)
     assert session.length == 16
     np.testing.assert_array_equal(session.append(ids[16:528]), expected)
+
+
+class _FiresOnCall:
+    """A stop condition that fires from its `n`-th call on (counting every caller)."""
+
+    def __init__(self, n: int) -> None:
+        self.n, self.calls = n, 0
+
+    def __call__(self) -> bool:
+        self.calls += 1
+        return self.calls >= self.n
+
+
+def test_a_bets_pass_stopped_by_the_verdict_leaves_a_draft_a_later_call_finishes(device_model):
+    """`draft(stop=)` hands the condition to each pass after the first: a stop that fires as a
+    pass starts (here: its second call, the pass's own look before running) ends the draft
+    before that pass's token, the track as it was before it; `draft(into=)` then finishes it
+    to exactly the uninterrupted draft. Drafting that only looked between passes would run
+    the pass and keep its token."""
+    from specsteer.device.drafting import draft
+
+    prompt = _ids(device_model, 12, seed=3)
+    eos = frozenset()
+    whole = Track(device_model, prompt, 64)
+    expected = draft(whole, 4, 0.0, None, eos)
+
+    track = Track(device_model, prompt, 64)
+    stop = _FiresOnCall(2)  # 1: the look before the second token's pass; 2: that pass's own
+    cut = draft(track, 4, 0.0, None, eos, stop=stop)
+    assert cut.tokens == expected.tokens[:1] and len(cut.rows) == 2
+    assert track.length == len(prompt) + 1  # the stopped pass left nothing behind
+    np.testing.assert_array_equal(track.row, cut.rows[-1])
+    finished = draft(track, 4, 0.0, None, eos, into=cut)
+    assert finished.tokens == expected.tokens
+    for got, want in zip(finished.rows, expected.rows, strict=True):
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-5)
+
+
+def test_a_users_cancel_during_a_bets_pass_is_a_cancel_not_a_verdict(device_model):
+    """The user stopped the generation while a bet's pass ran and the verdict landed too:
+    the generation is cancelled, not a draft cut short for the next round."""
+    from specsteer.device.drafting import draft
+
+    track = Track(device_model, _ids(device_model, 12, seed=4), 64)
+    cancel = threading.Event()
+    fires = _FiresOnCall(2)
+
+    def stop() -> bool:
+        if fires():  # the second token's pass: the user pressed stop, the verdict landed
+            cancel.set()
+            return True
+        return False
+
+    with pytest.raises(GenerationCancelled):
+        draft(track, 4, 0.0, None, frozenset(), stop=stop, cancel=cancel)

@@ -2,7 +2,9 @@
 
 A draft is cut short when a stop condition fires (the companion's verdict arrived while the
 device was betting on the next round), and such a cut draft can be continued later, so that
-where a round's draft ends never depends on timing.
+where a round's draft ends never depends on timing. On the device's runtime the condition also
+ends the pass in flight (`Track.push`): the verdict is read when it lands, not up to a pass
+later.
 """
 
 from __future__ import annotations
@@ -47,6 +49,16 @@ class Drafted:
             self.rows.append(local.push(self.tokens[-1]))
 
 
+class _Fired:
+    """A `stop` condition as the flag a pass watches (`runtime.base.Flag`)."""
+
+    def __init__(self, stop: Callable[[], bool]) -> None:
+        self.stop = stop
+
+    def is_set(self) -> bool:
+        return self.stop()
+
+
 def budget(params: Params, k: int, produced: int) -> int:
     """Draft length (at most k) that leaves room for the round's recovered/bonus token."""
     return max(0, min(k, params.max_new_tokens - produced - 1))
@@ -73,10 +85,13 @@ def draft(
     raises `GenerationCancelled` before the next token (a draft of K tokens takes K model
     passes). `last_pending`: the k-th token is chosen but left `pending`, so the draft can
     leave one model pass sooner (the pass for the row after it runs while the companion
-    verifies: `Drafted.settle`).
+    verifies: `Drafted.settle`). The first token's pass always runs; `stop` may end any
+    later one mid-way, and the draft then ends before that pass's token.
     """
     drafted = into if into is not None else Drafted(local.length, [], [local.row])
-    started, passes = time.perf_counter(), 0
+    started = done = time.perf_counter()
+    passes = 0
+    fired = () if stop is None else (_Fired(stop), *(() if cancel is None else (cancel,)))
     while len(drafted.tokens) < k and not (drafted.tokens and drafted.tokens[-1] in eos):
         if stop is not None and drafted.tokens and stop():
             break
@@ -92,8 +107,16 @@ def draft(
         if last_pending and len(drafted.tokens) == k:
             drafted.pending = True
             break
-        drafted.rows.append(local.push(token))
+        try:
+            row = local.push(token, *(fired if len(drafted.tokens) > 1 else ()))
+        except GenerationCancelled:
+            if stop is None or (cancel is not None and cancel.is_set()) or not stop():
+                raise
+            drafted.tokens.pop()  # its pass was stopped: a later draft(into=) redoes it
+            break
+        drafted.rows.append(row)
         passes += 1
+        done = time.perf_counter()
     if passes:
-        drafted.step_s = (time.perf_counter() - started) / passes
+        drafted.step_s = (done - started) / passes
     return drafted

@@ -9,7 +9,6 @@ else in specsteer may import a runtime library directly.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
@@ -40,6 +39,13 @@ class Session(Protocol):
         ...
 
 
+class Flag(Protocol):
+    """What stops a pass mid-way: a `threading.Event`, or anything else that can say it is
+    set (the companion's reply having landed, for a bet's pass: `device.drafting`)."""
+
+    def is_set(self) -> bool: ...
+
+
 @runtime_checkable
 class CancellableSession(Session, Protocol):
     """A session whose pass a cancel stops mid-way (raw ONNX Runtime's terminate flag), whose
@@ -52,11 +58,10 @@ class CancellableSession(Session, Protocol):
     """
 
     def append_cancellable(
-        self, ids: Sequence[int], cancel: Sequence[threading.Event | None],
-        rows: int | None = None,
+        self, ids: Sequence[int], cancel: Sequence[Flag | None], rows: int | None = None,
     ) -> np.ndarray:
         """`append` (logits of the last `rows` positions only, None: all), or
-        `GenerationCancelled` once any event is set, the session unchanged."""
+        `GenerationCancelled` once any flag is set, the session unchanged."""
         ...
 
 

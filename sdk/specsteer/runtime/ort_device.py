@@ -16,7 +16,6 @@ when the folder's graph takes `logits_to_keep` (`models.logits_rows`): a prefill
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -25,6 +24,7 @@ import onnxruntime as ort
 
 from specsteer.errors import SessionError
 from specsteer.models.logits_rows import LOGITS_TO_KEEP
+from specsteer.runtime.base import Flag
 from specsteer.runtime.folder import check_ids, resolve_folder
 from specsteer.runtime.onnx import resolve_threads
 from specsteer.runtime.ort_graph import CachedSession, OrtGraphModel, terminated_by
@@ -61,9 +61,9 @@ class DeviceSession(CachedSession):
         """Append ids; float32 logits [len(ids), vocab], or of the last `rows` positions."""
         return self.append_cancellable(ids, (), rows)
 
-    def append_cancellable(self, ids: Sequence[int], cancel: Sequence[threading.Event | None],
+    def append_cancellable(self, ids: Sequence[int], cancel: Sequence[Flag | None],
                            rows: int | None = None) -> np.ndarray:
-        """`append`, stopped mid-pass once any `cancel` event is set: `GenerationCancelled`
+        """`append`, stopped mid-pass once any `cancel` flag is set: `GenerationCancelled`
         within milliseconds, and the session is left as it was."""
         with self._lock:
             if self._cache is None:

@@ -19,6 +19,7 @@ import onnxruntime as ort
 
 from specsteer.errors import GenerationCancelled
 from specsteer.models.logits_rows import LOGITS_TO_KEEP
+from specsteer.runtime.base import Flag
 from specsteer.runtime.folder import FolderModel, check_rewind
 
 _DTYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16}
@@ -104,8 +105,8 @@ class CachedSession:
 
 
 @contextlib.contextmanager
-def terminated_by(cancel: Sequence[threading.Event | None]) -> Iterator[ort.RunOptions | None]:
-    """RunOptions whose terminate flag a watcher thread raises once any event is set; a run
+def terminated_by(cancel: Sequence[Flag | None]) -> Iterator[ort.RunOptions | None]:
+    """RunOptions whose terminate flag a watcher thread raises once any flag is set; a run
     it stopped comes out as `GenerationCancelled` (ONNX Runtime raises a bare Fail)."""
     events = [event for event in cancel if event is not None]
     if not events:

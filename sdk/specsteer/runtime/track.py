@@ -25,7 +25,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from specsteer.errors import GenerationCancelled
-from specsteer.runtime.base import CancellableSession, LanguageModel, Session
+from specsteer.runtime.base import CancellableSession, Flag, LanguageModel, Session
 
 PREFILL_CHUNK = 128  # tokens per prefill pass (unpaced), and the most a paced pass runs
 # tokens per pass of a prefill that a cancel stops mid-pass (`CancellableSession`): a
@@ -156,8 +156,7 @@ class Track:
             self._pending = self._pending[len(part):]
         self._pending = None
 
-    def _last_row(self, ids: Sequence[int], cancel: Sequence[threading.Event | None] = ()
-                  ) -> np.ndarray:
+    def _last_row(self, ids: Sequence[int], cancel: Sequence[Flag | None] = ()) -> np.ndarray:
         """Append `ids` to a `CancellableSession`: the logits of the last position only."""
         return self.session.append_cancellable(ids, cancel, rows=1)[-1]  # type: ignore[attr-defined]
 
@@ -195,10 +194,15 @@ class Track:
         self.prefill()
         return self.session.length
 
-    def push(self, token: int) -> np.ndarray:
-        """Append one token; its row for the next position."""
+    def push(self, token: int, *stop: Flag) -> np.ndarray:
+        """Append one token; its row for the next position. On a `CancellableSession` a
+        `stop` flag set during the pass ends it there (`GenerationCancelled`, the track as it
+        was); elsewhere the pass runs to its end."""
         self.prefill()
-        self._set_row(self.session.append([token])[-1])
+        if stop and isinstance(self.session, CancellableSession):
+            self._set_row(self._last_row([token], stop))
+        else:
+            self._set_row(self.session.append([token])[-1])
         return self._row
 
     def extend(self, ids: Sequence[int]) -> np.ndarray:
