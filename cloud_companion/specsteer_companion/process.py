@@ -6,14 +6,18 @@ real deployment where the companion is another machine.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import resource
+import signal
 import subprocess
 import sys
 import time
 from collections.abc import Sequence
 
 from specsteer.errors import CompanionUnavailable
+
+_PR_SET_PDEATHSIG = 1  # prctl(2): the signal a child gets when its parent thread ends
 
 
 def start_companion(
@@ -33,6 +37,7 @@ def start_companion(
     startup: list[str] | None = None,
     env: dict[str, str] | None = None,
     port: int = 0,
+    die_with_parent: bool = False,
 ) -> tuple[subprocess.Popen[str], str]:
     """Start a companion on a loopback port (`port`; 0: a free one); return it and its ws://
     (or wss://) URL.
@@ -47,7 +52,10 @@ def start_companion(
     $SPECSTEER_COMPANION_HOME). `args` go to `serve` as they are (e.g. `--cert`, `--key`).
     `descriptor_limit` sets the child's `ulimit -n`. `startup` receives the lines the child
     printed up to and including its ready line. `env` adds to (or overrides) the child's
-    environment, e.g. `PYTHONPATH` to run another checkout's companion.
+    environment, e.g. `PYTHONPATH` to run another checkout's companion. `die_with_parent`
+    (Linux): the child gets SIGTERM when the thread that started it ends, so a parent killed
+    outright (no `finally` runs) leaves no companion holding its models' memory behind; start
+    it from a thread that lives as long as the companion should.
     """
     cmd = [
         sys.executable,
@@ -73,6 +81,9 @@ def start_companion(
     ]
 
     def pin() -> None:
+        if die_with_parent and sys.platform == "linux":
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
         if core is not None and hasattr(os, "sched_setaffinity"):
             os.sched_setaffinity(0, {core})
         if descriptor_limit is not None:

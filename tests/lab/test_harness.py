@@ -4,6 +4,7 @@ emulated RTT and the report."""
 from __future__ import annotations
 
 import json
+import sys
 import time
 from pathlib import Path
 
@@ -464,3 +465,45 @@ def test_differences_pair_only_users_both_methods_ran_on():
     assert only_a is not None and only_a.interval.n == 1
     assert only_a.interval.mean == pytest.approx(20.0)
     assert paired_difference(rows, "specsteer@0.5", "slm", "rougeL") is None
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_a_killed_eval_leaves_no_companion_behind(tmp_path):
+    """`companion_process` starts the companion to die with its parent: an evaluation killed
+    outright (SIGKILL: no `finally` runs) must not leave a process holding both models."""
+    import os
+    import signal
+    import subprocess
+
+    from specsteer.models.tiny import tiny_model_dir
+
+    script = (
+        "import sys, time\n"
+        "from specsteer_lab.eval.harness import companion_process\n"
+        f"with companion_process({str(tiny_model_dir('llama', seed=1))!r}, "
+        f"{str(tiny_model_dir('llama', seed=0))!r}, 'int8', 1, 0.0):\n"
+        "    import glob\n"
+        "    kids = [open(f).read().split() for f in glob.glob('/proc/self/task/*/children')]\n"
+        "    print(*[pid for pids in kids for pid in pids], flush=True)\n"
+        "    time.sleep(120)\n")
+    parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    assert parent.stdout is not None
+    companions = [int(pid) for pid in parent.stdout.readline().split()]
+    assert companions, "the companion did not start"
+    os.kill(parent.pid, signal.SIGKILL)
+    parent.wait(10)
+    deadline = time.monotonic() + 15
+    alive = companions
+    while alive and time.monotonic() < deadline:
+        alive = [pid for pid in alive if _running(pid)]
+        time.sleep(0.2)
+    assert not alive, f"companion {alive} outlived the killed evaluation"
+
+
+def _running(pid: int) -> bool:
+    """Whether `pid` is a live process (a zombie is not: it has exited)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False

@@ -247,8 +247,8 @@ def companion_process(generalist: str, specialist: str, precision: str, threads:
     are what `specsteer-companion serve` takes."""
     cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
     pinned = threads == 1 and len(cores) >= 2
-    proc, url = start_companion(generalist, specialist, precision,
-                                threads=threads, core=cores[1] if pinned else None)
+    proc, url = start_companion(generalist, specialist, precision, threads=threads,
+                                core=cores[1] if pinned else None, die_with_parent=True)
     if proc.stdout is not None:  # what it prints after its ready line: drained, never blocking it
         threading.Thread(target=_drain, args=(proc.stdout,), daemon=True).start()
     proxy = DelayProxy(int(url.rsplit(":", 1)[1]), rtt_ms / 2000.0)
