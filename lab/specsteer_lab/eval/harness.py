@@ -127,8 +127,9 @@ def parse_methods(names: Iterable[str]) -> list[MethodSpec]:
 
 # The decoding settings every method of a run shares, where a run departs from the SDK's:
 # at most 64 new tokens; no warm start (each method's own text: no timing-dependent start).
-# Pipelining stays on, as on a device: the companion runs on its own thread, so drafting the
-# next round while it verifies pays as it does over a network (the output is the same).
+# Pipelining stays on, as on a device: the companion computes apart from the device (its own
+# process or thread), so drafting the next round while it verifies pays as it does over a
+# network (the output is the same).
 EVAL_DECODING = Params(max_new_tokens=64, warm_start=False)
 # what each method (gamma, the method itself) and each user (the minimum) set for themselves
 PER_METHOD = ("method", "gamma", "min_new_tokens")
@@ -279,7 +280,7 @@ class Prepared:
 
 
 class Harness:
-    """Loaded models and an in-process companion; runs methods on examples."""
+    """Loaded models and a way to reach a companion serving them; runs methods on examples."""
 
     def __init__(self, specialist: LanguageModel, generalist: LanguageModel,
                  config: EvalConfig, connect: Callable[[], FrameChannel] | None = None) -> None:
