@@ -22,6 +22,7 @@ from specsteer.protocol import (
     CompanionConnection,
     ConnectionFailed,
     DraftReceived,
+    DraftS0Received,
     ErrorCode,
     Event,
     HelloReceived,
@@ -31,8 +32,8 @@ from specsteer.protocol import (
     RowRequested,
     SessionRequested,
 )
-from specsteer_companion.cross import CrossVerifierSession
-from specsteer_companion.verifier import Verifier, VerifierSession
+from specsteer_companion.cross import CrossVerifierSession, ScoredText
+from specsteer_companion.verifier import ScoredDraft, Verifier, VerifierSession
 
 log = logging.getLogger("specsteer_companion")
 _connection_ids = itertools.count(1)  # open mode's identities: never sent to a device
@@ -68,6 +69,8 @@ class CompanionEndpoint:
         self.authenticate = authenticate
         self.identity: str | None = None
         self.session: VerifierSession | CrossVerifierSession | None = None
+        # the outstanding draft, scored, while its P_S0 values are on their way (s0_on_device)
+        self.scored: ScoredDraft | ScoredText | None = None
         self.rounds = 0
         self.resumes = 0  # sessions rebuilt here from a device's public state (Resume)
         self.compute_s = 0.0
@@ -127,11 +130,17 @@ class CompanionEndpoint:
             assert self.session is not None
             started = time.perf_counter()
             d = event.draft
-            result = self.session.verify(d.committed_ids, d.draft_ids, d.logp_s0)
-            self._account(started, f"draft k={len(d.draft_ids)} accepted={result.accepted}")
-            self.conn.send_verdict(
-                result.accepted, result.candidates.ids, result.candidates.values
-            )
+            # the Generalist's pass now; with P_S0 on the device its values arrive meanwhile
+            scored = self.session.score(d.committed_ids, d.draft_ids)
+            if self.session.settings.s0_on_device:
+                self.scored = scored
+                self._account(started, f"draft k={len(d.draft_ids)} scored", round_=False)
+            else:
+                self._verdict(started, scored, None)
+        elif isinstance(event, DraftS0Received):
+            assert self.session is not None and self.scored is not None
+            scored, self.scored = self.scored, None
+            self._verdict(time.perf_counter(), scored, event.s0.logp_s0)
         elif isinstance(event, RowRequested):
             assert self.session is not None
             started = time.perf_counter()
@@ -141,9 +150,16 @@ class CompanionEndpoint:
         elif isinstance(event, CloseRequested | ConnectionFailed):
             self._end_session()
 
-    def _account(self, started: float, what: str) -> None:
+    def _verdict(self, started: float, scored: ScoredDraft | ScoredText,
+                 logp_s0: tuple[float, ...] | None) -> None:
+        assert self.session is not None
+        result = self.session.decide(scored, logp_s0)  # type: ignore[arg-type]
+        self._account(started, f"draft accepted={result.accepted}")
+        self.conn.send_verdict(result.accepted, result.candidates.ids, result.candidates.values)
+
+    def _account(self, started: float, what: str, *, round_: bool = True) -> None:
         elapsed = time.perf_counter() - started
-        self.rounds += 1
+        self.rounds += round_
         self.compute_s += elapsed
         log.debug("%s: %s in %.1f ms", self.identity, what, elapsed * 1e3)
 
@@ -206,6 +222,7 @@ class CompanionEndpoint:
         self.conn.session_opened(new_session_id())
 
     def _end_session(self) -> None:
+        self.scored = None
         if self.session is not None:
             self.session.close()
             self.session = None

@@ -16,9 +16,10 @@ from collections.abc import Callable, Collection
 
 from specsteer.errors import CompanionConfigError, CompanionLimitError
 
-# A device sends at most one request per token it decodes (a round commits >= 1 token), and fast
-# on-device models decode 100+ tokens/s; 200/s keeps every honest device clear of the limit while
-# stopping a client that floods frames. What a request costs in model time is bounded apart from
+# A device sends at most two frames per token it decodes (a Draft and its DraftS0; a round commits
+# >= 1 token, and rounds that commit one token are rare), and fast on-device models decode 100+
+# tokens/s; 200/s keeps honest devices clear of the limit while stopping a client that floods
+# frames. What a request costs in model time is bounded apart from
 # this: prompts by the prefill budget below, every frame by fair scheduling across devices.
 DEFAULT_RATE_PER_S = 200.0
 # Two seconds at the full rate: absorbs a quick run of short rounds without letting a client bank

@@ -21,7 +21,17 @@ from specsteer import steer
 from specsteer.protocol import Mode, OpenSession
 from specsteer.runtime.base import LanguageModel
 from specsteer_companion.cross import CrossVerifierSession
-from specsteer_companion.scoring import ScoringModel, ScoringSession, scoring
+from specsteer_companion.scoring import Scores, ScoringModel, ScoringSession, scoring
+
+
+@dataclass(frozen=True)
+class ScoredDraft:
+    """A draft the Generalist has scored, waiting for its ratio test (`VerifierSession.decide`)."""
+
+    seq: list[int]  # the committed ids, then the draft
+    offset: int  # where the draft starts in `seq`
+    drafts: int
+    g: Scores
 
 
 @dataclass
@@ -123,19 +133,30 @@ class VerifierSession:
         logp_s0_draft: Sequence[float] | None = None,
     ) -> steer.RoundVerdict:
         """One Draft–Verify–Recover round (or a classic speculative round in SPECULATIVE mode)."""
+        return self.decide(self.score(committed, draft), logp_s0_draft)
+
+    def score(self, committed: Sequence[int], draft: Sequence[int]) -> ScoredDraft:
+        """A round's first half: the Generalist's pass over the committed ids and the draft
+        (run while the device computes P_S0's values, when it sends them)."""
         seq = [*committed, *draft]
-        offset = len(committed)
         top_k = 1 if self.mode is Mode.SPECULATIVE else self.settings.top_k
-        g = self.g.score(seq, offset, top_k)
+        return ScoredDraft(seq, len(committed), len(draft),
+                           self.g.score(seq, len(committed), top_k))
+
+    def decide(self, scored: ScoredDraft, logp_s0_draft: Sequence[float] | None = None
+               ) -> steer.RoundVerdict:
+        """A round's second half: the ratio test (P_S0 hosted here, or `logp_s0_draft` from
+        the device), the candidates after the accepted prefix, and the kept prefix."""
+        g, seq, offset, n = scored.g, scored.seq, scored.offset, scored.drafts
         if self.mode is Mode.SPECULATIVE:
-            best = [int(g.top(offset + j, 1)[0][0]) for j in range(len(draft) + 1)]
-            accepted, token = steer.classic_accept_best(draft, best)
+            best = [int(g.top(offset + j, 1)[0][0]) for j in range(n + 1)]
+            accepted, token = steer.classic_accept_best(seq[offset:], best)
             self._keep(offset + accepted, s0=False)
             return steer.RoundVerdict(accepted, steer.SparseSteer([token], [0.0]))
         lg_draft = g.taken()
         s0 = self.s0.score(seq, offset, 0) if self.s0 is not None else None
         if s0 is not None:
-            ls0_draft = s0.taken() if draft else lg_draft
+            ls0_draft = s0.taken() if n else lg_draft
         else:
             ls0_draft = np.asarray(logp_s0_draft, np.float32)
         accepted = steer.ratio_accept_count(lg_draft, ls0_draft, self.settings.gamma, self.rng)

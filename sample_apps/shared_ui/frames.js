@@ -42,6 +42,7 @@ const FRAME_WORDS = {
   SessionOpened: (f) => `session ${f.fields.session_id} open (the companion read ${f.fields.prompt_length} tokens)`,
   Resume: (f) => `the link was lost: a new connection resumes the session at round ${f.fields.round} with the request and the text so far`,
   Draft: (f) => `round ${f.fields.round}: the words drafted on this device, for the companion to check`,
+  DraftS0: (f) => `round ${f.fields.round}: how likely a model without your history finds those ${(f.fields.logp_s0 || []).length} drafted tokens (scores, no text)`,
   Verdict: (f) => `round ${f.fields.round}: ${f.fields.accepted} drafted ${f.fields.accepted === 1 ? "token" : "tokens"} accepted; ${(f.fields.ids || []).length} candidates for the next one (scores, no text)`,
   RowRequest: () => "a request for the companion's next-token scores",
   RowReply: (f) => `next-token scores for ${(f.fields.ids || []).length} candidates`,

@@ -240,19 +240,23 @@ class CompanionLink:
         committed: Sequence[int] = (),
         logp_s0: Sequence[float] | None = None,
     ) -> Verdict:
-        self.submit_draft(draft, committed, logp_s0)
+        """One round at once: the draft, its P_S0 values (`s0_on_device`), the verdict."""
+        self.submit_draft(draft, committed)
+        if logp_s0 is not None:
+            self.send_draft_s0(logp_s0)
         return self.wait_verdict()
 
-    def submit_draft(
-        self,
-        draft: Sequence[int],
-        committed: Sequence[int] = (),
-        logp_s0: Sequence[float] | None = None,
-    ) -> None:
+    def submit_draft(self, draft: Sequence[int], committed: Sequence[int] = ()) -> None:
         """Send a draft without waiting, so the device can work while it is verified."""
-        self.conn.send_draft(list(draft), committed_ids=list(committed), logp_s0=logp_s0)
+        self.conn.send_draft(list(draft), committed_ids=list(committed))
         self._flush()
         self._submitted_at, self._reply_seen_at = time.perf_counter(), None
+
+    def send_draft_s0(self, logp_s0: Sequence[float]) -> None:
+        """Send P_S0's values of the submitted draft (`s0_on_device`): the companion scores
+        the draft with the Generalist while the device computes them."""
+        self.conn.send_draft_s0(list(logp_s0))
+        self._flush()
 
     def reply_ready(self) -> bool:
         """True once a reply has arrived (never blocks; False if the channel cannot tell)."""

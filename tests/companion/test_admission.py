@@ -134,8 +134,8 @@ def test_text_invalid_and_revoked_frames_are_refused_with_their_code():
     gate = _gate()
     entry = gate.connect("127.0.0.2").entry
     assert gate.check(entry, "hello", LIMITS).code == ErrorCode.BAD_FRAME
-    assert gate.check(entry, b"\x01\xff", LIMITS).code == ErrorCode.UNKNOWN_TYPE
-    assert gate.check(entry, b"\x01", LIMITS).code == ErrorCode.BAD_FRAME
+    assert gate.check(entry, b"\x02\xff", LIMITS).code == ErrorCode.UNKNOWN_TYPE
+    assert gate.check(entry, b"\x02", LIMITS).code == ErrorCode.BAD_FRAME
     big = _frame(protocol.OpenSession((1,) * 600, SETTINGS))
     assert gate.check(entry, big, Limits(max_prompt_tokens=512)).code == ErrorCode.LIMIT_EXCEEDED
     entry.revoked = True

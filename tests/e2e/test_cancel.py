@@ -204,22 +204,22 @@ class _DraftHook(CountingModel):
 
 @dataclass
 class _SlowVerifier(Verifier):
-    """The real verifier, whose verification waits for `release` (a companion still busy on
-    the round); `verifying` is set when one starts."""
+    """The real verifier, whose Generalist pass over a draft waits for `release` (a companion
+    still busy on the round); `verifying` is set when one starts."""
 
     verifying: threading.Event = field(default_factory=threading.Event)
     release: threading.Event = field(default_factory=threading.Event)
 
     def open(self, request, committed=(), owner=""):
         session = super().open(request, committed, owner=owner)
-        verify = session.verify
+        score = session.score
 
         def slow(*args, **kwargs):
             self.verifying.set()
             self.release.wait(30)
-            return verify(*args, **kwargs)
+            return score(*args, **kwargs)
 
-        session.verify = slow
+        session.score = slow
         return session
 
 

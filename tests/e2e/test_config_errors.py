@@ -195,18 +195,21 @@ def test_other_models_raise_at_once_in_every_offline_mode(tiny_model, tiny_gener
         expects.generate(SUBJECT, max_new_tokens=8)
 
 
+_NEXT = bytes([protocol.PROTOCOL_VERSION + 1])
+
+
 class _OtherVersion:
-    """A link to an in-process companion where one side speaks protocol version 2."""
+    """A link to an in-process companion where one side speaks the next protocol version."""
 
     def __init__(self, inner: LocalChannel, side: str) -> None:
         self.inner, self.side = inner, side
 
     def send(self, frame: bytes) -> None:
-        self.inner.send(bytes([2]) + frame[1:] if self.side == "device" else frame)
+        self.inner.send(_NEXT + frame[1:] if self.side == "device" else frame)
 
     def recv(self, timeout: float) -> bytes:
         frame = self.inner.recv(timeout)
-        return bytes([2]) + frame[1:] if self.side == "companion" else frame
+        return _NEXT + frame[1:] if self.side == "companion" else frame
 
     def close(self) -> None:
         self.inner.close()
@@ -221,7 +224,8 @@ def test_another_protocol_version_raises_at_once_in_every_offline_mode(
     for mode in MODES:
         connect = _Counted(lambda: _OtherVersion(LocalChannel.for_verifier(verifier), side))
         client = Client(tiny_model, history=store, companion=connect, offline=mode)
-        with pytest.raises(CompanionVersionMismatch, match="protocol version 2") as refused:
+        with pytest.raises(CompanionVersionMismatch,
+                           match=f"protocol version {_NEXT[0]}") as refused:
             client.generate(SUBJECT, max_new_tokens=8)
         assert refused.value.code == protocol.ErrorCode.BAD_VERSION
         assert connect.calls == 1, mode

@@ -71,6 +71,10 @@ CASES = [  # the honest device: all three session modes
 ]
 
 
+UNKNOWN_TYPES = [t for t in (0, 13, 99, 255) if t not in set(protocol.MessageType)]
+OTHER_VERSIONS = [v for v in (0, 1, 2, 3, 255) if v != protocol.PROTOCOL_VERSION]
+
+
 def _frame(kind: protocol.MessageType, *parts: bytes) -> bytes:
     return bytes((protocol.PROTOCOL_VERSION, kind)) + b"".join(parts)
 
@@ -127,7 +131,7 @@ class Fuzzer:
             lambda: ("random bytes", rng.randbytes(rng.randrange(0, 48)), any_code),
             lambda: (
                 "wrong version",
-                bytes([rng.choice([0, 2, 3, 255])]) + valid_frame[1:],
+                bytes([rng.choice(OTHER_VERSIONS)]) + valid_frame[1:],
                 frozenset({ErrorCode.BAD_VERSION}),
             ),
             lambda: (
@@ -137,7 +141,8 @@ class Fuzzer:
             ),
             lambda: (
                 "oversized",
-                bytes((1, 5)) + rng.randbytes(LIMITS.max_message_bytes + rng.randrange(1, 40_000)),
+                bytes((protocol.PROTOCOL_VERSION, 5))
+                + rng.randbytes(LIMITS.max_message_bytes + rng.randrange(1, 40_000)),
                 "close",
             ),
             lambda: (
@@ -153,7 +158,7 @@ class Fuzzer:
             lambda: ("mutated", _mutate(rng, valid_frame), any_code),
             lambda: (
                 "unknown type",
-                bytes((1, rng.choice([0, 12, 99, 255]))) + valid_frame[2:],
+                bytes((protocol.PROTOCOL_VERSION, rng.choice(UNKNOWN_TYPES))) + valid_frame[2:],
                 frozenset({ErrorCode.UNKNOWN_TYPE}),
             ),
             lambda: (
@@ -167,7 +172,7 @@ class Fuzzer:
                     protocol.MessageType.DRAFT,
                     varint(r),
                     _ids([]),
-                    varint(2 << 1),
+                    varint(2),
                     varint(5),
                     varint(bad_id),
                 ),
@@ -194,7 +199,7 @@ class Fuzzer:
                     protocol.MessageType.DRAFT,
                     varint(r),
                     _ids([]),
-                    varint(rng.randrange(LIMITS.max_draft + 1, 2**31) << 1),
+                    varint(rng.randrange(LIMITS.max_draft + 1, 2**31)),
                     b"\x01",
                 ),
                 frozenset({ErrorCode.LIMIT_EXCEEDED}),
@@ -224,14 +229,7 @@ class Fuzzer:
             ),
             lambda: (
                 "NaN logp_s0",
-                _frame(
-                    protocol.MessageType.DRAFT,
-                    varint(r),
-                    _ids([]),
-                    varint(1 << 1 | 1),
-                    varint(5),
-                    b"\x00\x7e",
-                ),
+                _frame(protocol.MessageType.DRAFT_S0, varint(r), varint(1), b"\x00\x7e"),
                 frozenset({ErrorCode.BAD_VALUE}),
             ),
             lambda: (
@@ -367,8 +365,7 @@ class Fuzzer:
                 return (
                     protocol.RowRequest(ids)
                     if rows
-                    else protocol.Draft(r, ids, [1], [-1.0] if session.settings.s0_on_device
-                                       else None)
+                    else protocol.Draft(r, ids, [1])
                 )
 
             menu.append(
@@ -381,13 +378,9 @@ class Fuzzer:
             if not rows:
                 menu.append(
                     lambda: (
-                        "logp_s0 against the session",
-                        protocol.encode(
-                            protocol.Draft(
-                                r, [], [1], None if session.settings.s0_on_device else [-1.0]
-                            )
-                        ),
-                        frozenset({ErrorCode.BAD_VALUE}),
+                        "DraftS0 with no Draft outstanding",
+                        protocol.encode(protocol.DraftS0(r, [-1.0])),
+                        frozenset({ErrorCode.OUT_OF_ORDER}),
                     )
                 )
         return rng.choice(menu)()
@@ -420,7 +413,8 @@ class Fuzzer:
                     return
             ending = rng.random()
             if ending < 0.08 and conn.state is protocol.State.SESSION:
-                for frame in self.valid_request(rng, conn):  # then vanish mid-round
+                frames = self.valid_request(rng, conn)  # then vanish mid-round (a Draft
+                for frame in frames[: rng.randrange(1, len(frames) + 1)]:  # without its P_S0)
                     await ws.send(frame)
                     self.tally.frames += 1
                     self.tally.valid += 1
@@ -470,11 +464,9 @@ class Fuzzer:
                 for _ in draft
             ]
             committed = [rng.randrange(v) for _ in range(rng.randrange(3))]
-            conn.send_draft(
-                draft,
-                committed_ids=committed,
-                logp_s0=logp if conn.session.settings.s0_on_device else None,
-            )
+            conn.send_draft(draft, committed_ids=committed)
+            if conn.session.settings.s0_on_device:
+                conn.send_draft_s0(logp)
         return conn.data_to_send()
 
     async def valid(

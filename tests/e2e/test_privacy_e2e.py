@@ -2,10 +2,11 @@
 
 Two generations of one request, with and without a canary record in the history: every uplink
 frame is decoded and compared field by field. Hello, OpenSession and Close are byte-identical;
-each Draft holds its round number, ids and (P_S0 on the device) `logp_s0`, which must be the
-context-free Specialist's log-probabilities of those ids after the public prompt and the text
-the companion holds, recomputed here in a fresh session. A device that let the private prompt
-into anything else (P_S0 on the private prompt, a settings field, the prompt) fails.
+each Draft holds its round number and ids, and (P_S0 on the device) the DraftS0 after it holds
+`logp_s0`, which must be the context-free Specialist's log-probabilities of those ids after the
+public prompt and the text the companion holds, recomputed here in a fresh session. A device
+that let the private prompt into anything else (P_S0 on the private prompt, a settings field,
+the prompt) fails.
 """
 
 from __future__ import annotations
@@ -58,20 +59,27 @@ def _messages(frames, direction):
 
 def _check_drafts_are_public_functions(model: LanguageModel, frames, temperature: float) -> int:
     """Each Draft's fields other than its ids are what public data gives: its round number,
-    and logp_s0 = log P_S0(draft | public prompt + text the companion holds), recomputed."""
+    and its DraftS0's logp_s0 = log P_S0(draft | public prompt + text the companion holds),
+    recomputed."""
     up, down = _messages(frames, "up"), _messages(frames, "down")
     opened = [m for _, m in up if isinstance(m, protocol.OpenSession)]
     drafts = [m for _, m in up if isinstance(m, protocol.Draft)]
+    s0s = {m.round: m for _, m in up if isinstance(m, protocol.DraftS0)}
     verdicts = [m for _, m in down if isinstance(m, protocol.Verdict)]
     assert len(opened) == 1 and len(drafts) == len(verdicts) > 0
+    assert not s0s or len(s0s) == len(drafts)  # one DraftS0 per Draft, or none at all
     held = list(opened[0].prompt_ids)
     s0_values = 0
     for index, (draft, verdict) in enumerate(zip(drafts, verdicts, strict=True)):
         assert {f.name for f in dataclasses.fields(draft)} == {
-            "round", "committed_ids", "draft_ids", "logp_s0"}, "a new Draft field: audit it"
+            "round", "committed_ids", "draft_ids"}, "a new Draft field: audit it"
         assert draft.round == index
         held += draft.committed_ids
-        s0_values += check_logp_s0(model, held, draft, temperature)
+        if s0s:
+            s0 = s0s[index]
+            assert {f.name for f in dataclasses.fields(s0)} == {"round", "logp_s0"}, \
+                "a new DraftS0 field: audit it"
+            s0_values += check_logp_s0(model, held, draft.draft_ids, s0.logp_s0, temperature)
         held += draft.draft_ids[: verdict.accepted]
     return s0_values
 
@@ -100,7 +108,8 @@ def test_uplink_depends_on_the_history_only_through_the_drafted_ids(tiny_model, 
     drafted = [[m.draft_ids for _, m in up if isinstance(m, protocol.Draft)]
                for up in (up_with, up_without)]
     assert drafted[0] != drafted[1]  # the history did change what was drafted
-    kinds = (protocol.Hello, protocol.OpenSession, protocol.Draft, protocol.Close)
+    kinds = (protocol.Hello, protocol.OpenSession, protocol.Draft, protocol.DraftS0,
+             protocol.Close)
     assert all(isinstance(m, kinds) for _, m in [*up_with, *up_without])
     for kind in (protocol.Hello, protocol.OpenSession, protocol.Close):
         frames_a = [f for f, m in up_with if isinstance(m, kind)]

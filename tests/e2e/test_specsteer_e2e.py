@@ -9,7 +9,7 @@ from helpers.privacy_audit import assert_canary_not_sent
 
 from specsteer import protocol
 from specsteer.client import Client
-from specsteer.device import METHODS
+from specsteer.device import METHODS, rounds
 from specsteer.errors import CompanionError, CompanionUnavailable
 from specsteer.history import HistoryStore
 from specsteer_companion.endpoint import CompanionEndpoint
@@ -170,16 +170,54 @@ def test_device_placed_s0_gives_the_same_tokens(tiny_model, verifier, store):
     ({"select": "difference", "s0_on_device": True}, False),
 ])
 def test_where_p_s0_is_computed(tiny_model, verifier, store, params, on_device):
-    """P_S0 on the device by default: the OpenSession says so and every Draft carries logp_S0;
-    on the companion, no Draft does."""
+    """P_S0 on the device by default: the OpenSession says so and every Draft is followed by
+    its DraftS0 (logp_S0 of its ids); on the companion, none goes up."""
     frames: list[bytes] = []
     client = Client(tiny_model, history=store, companion=_local(verifier),
                     tap=lambda d, f: d == "up" and frames.append(f))
     client.generate(SUBJECT, max_new_tokens=16, **params)
     assert _last_settings(frames).s0_on_device is on_device
-    drafts = [m for m in (protocol.decode(f, protocol.Limits()) for f in frames)
-              if isinstance(m, protocol.Draft)]
-    assert drafts and all((d.logp_s0 is not None) is on_device for d in drafts)
+    up = [protocol.decode(f, protocol.Limits()) for f in frames]
+    drafts = [(i, m) for i, m in enumerate(up) if isinstance(m, protocol.Draft)]
+    assert drafts
+    for i, draft in drafts:  # right behind its Draft, for its ids
+        follows = up[i + 1] if i + 1 < len(up) else None
+        assert isinstance(follows, protocol.DraftS0) is on_device
+        if on_device:
+            assert follows.round == draft.round and len(follows.logp_s0) == len(draft.draft_ids)
+    assert sum(isinstance(m, protocol.DraftS0) for m in up) == (len(drafts) if on_device else 0)
+
+
+def test_the_draft_leaves_before_p_s0s_pass_over_it(tiny_model, verifier, store, monkeypatch):
+    """The ids go up first and P_S0's pass over them runs while the companion scores them: no
+    P_S0 pass between a verdict and the next Draft, and each DraftS0 right after its pass."""
+    log: list[str] = []
+    made = rounds.s0_track
+
+    def logged_s0_track(*args, **kwargs):  # type: ignore[no-untyped-def]
+        track = made(*args, **kwargs)
+        extend = track.extend
+
+        def logged_extend(ids):  # type: ignore[no-untyped-def]
+            log.append("s0 pass")
+            return extend(ids)
+
+        track.extend = logged_extend
+        return track
+
+    monkeypatch.setattr(rounds, "s0_track", logged_s0_track)
+    tap = lambda d, f: log.append(type(protocol.decode(f, protocol.Limits())).__name__)  # noqa: E731
+    client = Client(tiny_model, history=store, companion=_local(verifier), tap=tap)
+    result = client.generate(SUBJECT, max_new_tokens=24, pipeline=False, warm_start=False)
+    assert result.stats.rounds >= 3 and not result.stats.degraded
+    assert log.count("Draft") == log.count("DraftS0") == log.count("Verdict") > 0
+    for at, name in enumerate(log):
+        if name == "DraftS0":
+            assert log[at - 1] in ("Draft", "s0 pass"), log[: at + 1]
+        if name == "Verdict" and "Draft" in log[at:]:  # until the next round's Draft leaves
+            between = log[at + 1 : log.index("Draft", at)]
+            assert "s0 pass" not in between, log[: at + len(between) + 2]
+    assert log.count("s0 pass") == log.count("Draft")  # one pass a draft, after its ids left
 
 
 def test_unreachable_companion_degrades_to_local(tiny_model, store):

@@ -9,6 +9,8 @@ it (what survives any boundary merge).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 
 from helpers.ci import skip_or_fail  # noqa: F401 - privacy tests never skip silently in CI
@@ -131,7 +133,7 @@ def text_sent(tok: Tokenizer, frames: list[tuple[str, bytes]]) -> str:
 
 
 UPLINK_KINDS = (protocol.Hello, protocol.OpenSession, protocol.Resume, protocol.Draft,
-                protocol.RowRequest, protocol.Close)
+                protocol.DraftS0, protocol.RowRequest, protocol.Close)
 
 
 def public_uplink(model, frames: list[tuple[str, bytes]], temperature: float,  # type: ignore[no-untyped-def]
@@ -173,8 +175,10 @@ def public_uplink(model, frames: list[tuple[str, bytes]], temperature: float,  #
             assert message.round == round_, (message.round, round_)
             held += message.committed_ids
             written += message.committed_ids
-            check_logp_s0(model, held, message, temperature)
             pending = message
+        elif isinstance(message, protocol.DraftS0):
+            assert pending is not None and message.round == pending.round, "a stray DraftS0"
+            check_logp_s0(model, held, pending.draft_ids, message.logp_s0, temperature)
         elif isinstance(message, protocol.RowRequest):
             held += message.committed_ids
             written += message.committed_ids
@@ -182,15 +186,17 @@ def public_uplink(model, frames: list[tuple[str, bytes]], temperature: float,  #
     return public
 
 
-def check_logp_s0(model, held: list[int], draft: protocol.Draft, temperature: float) -> int:  # type: ignore[no-untyped-def]
-    """`draft.logp_s0` is P_S0 of its ids after the public text `held`, recomputed in a fresh
+def check_logp_s0(model, held: list[int], draft_ids: Sequence[int],  # type: ignore[no-untyped-def]
+                  logp_s0: Sequence[float], temperature: float) -> int:
+    """`logp_s0` is P_S0 of `draft_ids` after the public text `held`, recomputed in a fresh
     session (a device computing it over the private prompt fails); the values checked."""
-    if draft.logp_s0 is None or not draft.draft_ids:
+    assert len(logp_s0) == len(draft_ids)
+    if not draft_ids:
         return 0
     session = model.new_session()
-    rows = session.append([*held, *draft.draft_ids])
+    rows = session.append([*held, *draft_ids])
     session.close()
     logp = steer.log_softmax(rows, temperature)
-    expected = [logp[len(held) - 1 + j, t] for j, t in enumerate(draft.draft_ids)]
-    np.testing.assert_allclose(draft.logp_s0, expected, rtol=2e-3, atol=2e-2)
+    expected = [logp[len(held) - 1 + j, t] for j, t in enumerate(draft_ids)]
+    np.testing.assert_allclose(logp_s0, expected, rtol=2e-3, atol=2e-2)
     return len(expected)

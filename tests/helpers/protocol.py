@@ -85,8 +85,7 @@ def sparse_st(draw, columns: int):
 @st.composite
 def draft_st(draw):
     drafts = draw(st.lists(st.integers(0, 2**32 - 1), max_size=16))
-    values = draw(st.none() | st.lists(f16_st, min_size=len(drafts), max_size=len(drafts)))
-    return wire.Draft(draw(st.integers(0, 2**32 - 1)), draw(ids_st), drafts, values)
+    return wire.Draft(draw(st.integers(0, 2**32 - 1)), draw(ids_st), drafts)
 
 
 messages_st = st.one_of(
@@ -124,6 +123,7 @@ messages_st = st.one_of(
     ),
     st.builds(wire.SessionOpened, st.integers(0, 2**64 - 1), st.integers(0, 2**32 - 1)),
     draft_st(),
+    st.builds(wire.DraftS0, st.integers(0, 2**32 - 1), st.lists(f16_st, max_size=16)),
     sparse_st(1).flatmap(
         lambda s: st.builds(
             wire.Verdict,

@@ -109,3 +109,33 @@ def test_an_older_sdks_w8a8_folder_is_refused_by_name_and_compile_rewrites_it(mo
     said.clear()
     compile_model("qwen2.5-0.5b", "w8a8", progress=said.append)  # current now: kept as it is
     assert any("already compiled" in line for line in said), said
+
+
+def test_compile_rewrites_with_the_weights_this_cpu_multiplies_exactly(monkeypatch, tmp_path):
+    """+-127 weights on a VNNI CPU, +-63 elsewhere, recorded in the manifest; a folder made
+    for VNNI is rewritten by `models compile` on a CPU without it (and refused at load)."""
+    import shutil
+
+    from specsteer.models import w8a8
+    from specsteer.models.compile import compile_model
+    from specsteer.models.manifest import read_manifest
+    from specsteer.models.tiny import tiny_model_dir
+
+    monkeypatch.setenv("SPECSTEER_HOME", str(tmp_path / "home"))
+    spec = get_spec("qwen2.5-0.5b")
+    int8, folder = compiled_dir(spec, "int8"), compiled_dir(spec, "w8a8")
+    shutil.copytree(tiny_model_dir("llama", seed=0), int8)  # stands in for the compiled int8
+    monkeypatch.setattr(w8a8, "cpu_has_vnni", lambda: True)
+    compile_model("qwen2.5-0.5b", "w8a8")
+    assert read_manifest(folder)[w8a8.LEVELS_FIELD] == 127
+    assert resolve_folder("qwen2.5-0.5b", None, device=True) == folder
+    monkeypatch.setattr(w8a8, "cpu_has_vnni", lambda: False)  # the folder carried elsewhere
+    from specsteer.runtime.folder import ModelFolder
+
+    with pytest.raises(ModelNotCompiled, match="VNNI"):
+        ModelFolder.open(folder)
+    said: list[str] = []
+    compile_model("qwen2.5-0.5b", "w8a8", progress=said.append)
+    assert any("for a CPU with VNNI" in line for line in said), said
+    assert read_manifest(folder)[w8a8.LEVELS_FIELD] == 63
+    ModelFolder.open(folder)

@@ -8,10 +8,13 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from specsteer.errors import ModelNotCompiled
+from specsteer.models import w8a8
 from specsteer.models.manifest import read_manifest, write_manifest
 from specsteer.models.tiny import tiny_model_dir
 from specsteer.models.w8a8 import quantize_channels, reference_matmul, rewrite, rewrite_folder
 from specsteer.runtime import load_model
+from specsteer.runtime.folder import ModelFolder
 from specsteer.runtime.ort_batched import BatchedModel
 
 IN, OUT = 64, 48
@@ -106,6 +109,25 @@ def test_nbits_rewrite_uses_the_weights_the_node_holds(rng):
     assert err < 0.02
 
 
+def test_the_output_layer_is_kept_as_compiled(rng):
+    """The linear layer that writes the logits stays an 8-bit MatMulNBits (its error would land
+    on the logits unsmoothed); the one before it is rewritten."""
+    hidden, held = nbits_graph(rng.standard_normal((IN, OUT)).astype(np.float32))
+    head_w = rng.standard_normal((OUT, OUT)).astype(np.float32)
+    graph = hidden.graph
+    graph.node[0].output[0] = "h"
+    graph.node.append(helper.make_node("MatMul", ["h", "head"], ["y"], name="head"))
+    graph.initializer.append(numpy_helper.from_array(head_w, "head"))
+    x = rows(rng)
+    assert rewrite(hidden, keep_outputs=["y"]) == 1
+    ops = [n.op_type for n in hidden.graph.node]
+    assert ops[-1] == "MatMul" and "MatMulIntegerToFloat" in ops and "MatMulNBits" not in ops
+    after = run(hidden, x)
+    np.testing.assert_allclose(after, reference_matmul(x, *quantize_channels(held)) @ head_w,
+                               rtol=1e-4, atol=1e-3)  # the head in float, as compiled
+    assert held.shape == (IN, OUT)
+
+
 def test_refuses_what_it_cannot_rewrite(rng):
     model, _ = nbits_graph(rng.standard_normal((IN, OUT)).astype(np.float32))
     for attr in model.graph.node[0].attribute:
@@ -132,6 +154,9 @@ def tiny_w8a8(tmp_path_factory):
 
 def test_tiny_model_rewritten_runs_on_both_runtimes(tiny_w8a8):
     source, folder = tiny_w8a8
+    graph = onnx.load(str(folder / "model.onnx"), load_external_data=False).graph
+    [head] = [n for n in graph.node if "logits" in n.output]
+    assert head.op_type == "MatMul"  # the output layer as compiled (fp32 in the tiny model)
     fp32, w8a8 = load_model(source), load_model(folder)
     ids = fp32.tokenizer.encode("Dear team, thank you for the meeting notes. 東京 😀")
     ref = fp32.new_session().append(ids)
@@ -142,3 +167,55 @@ def test_tiny_model_rewritten_runs_on_both_runtimes(tiny_w8a8):
     np.testing.assert_allclose(parts, got, atol=1e-4)
     batched = BatchedModel(folder).new_session()
     np.testing.assert_allclose(batched.append(ids), got, atol=1e-4)
+
+
+def test_vnni_is_read_from_the_cpu_flags(tmp_path):
+    info = tmp_path / "cpuinfo"
+    info.write_text("processor\t: 0\nflags\t\t: fpu sse avx2 avx512f avx512_vnni\n")
+    assert w8a8.cpu_has_vnni(info)
+    info.write_text("processor\t: 0\nflags\t\t: fpu sse avx2 avx_vnni\n")
+    assert w8a8.cpu_has_vnni(info)
+    info.write_text("processor\t: 0\nflags\t\t: fpu sse avx2 avx512f avx512_vnnix\n")
+    assert not w8a8.cpu_has_vnni(info)  # a flag, not a substring
+    assert not w8a8.cpu_has_vnni(tmp_path / "absent")  # unknown: the +-63 that is exact anywhere
+
+
+def test_8_bit_weights_are_used_only_with_vnni(monkeypatch, rng):
+    monkeypatch.setattr(w8a8, "cpu_has_vnni", lambda: True)
+    assert w8a8.weight_levels() == 127
+    monkeypatch.setattr(w8a8, "cpu_has_vnni", lambda: False)
+    assert w8a8.weight_levels() == 63
+    q, _ = quantize_channels(rng.standard_normal((IN, OUT)).astype(np.float32), 127)
+    assert np.abs(q).max() == 127
+    with pytest.raises(ValueError, match="levels"):
+        quantize_channels(np.ones((2, 2), np.float32), 128)
+
+
+@pytest.mark.skipif(not w8a8.cpu_has_vnni(), reason="+-127 weights are exact only with VNNI")
+def test_8_bit_weights_are_exact_on_this_vnni_cpu(rng):
+    weight = rng.standard_normal((IN, OUT)).astype(np.float32)
+    model = matmul_graph(weight)
+    rewrite(model, levels=127)
+    x = rows(rng) * 50  # activations at the full uint8 range: where int16 pair sums saturate
+    np.testing.assert_allclose(run(model, x), reference_matmul(x, *quantize_channels(weight, 127)),
+                               rtol=1e-5, atol=1e-3)
+
+
+def test_a_folder_with_8_bit_weights_is_refused_without_vnni(tiny_w8a8, monkeypatch, tmp_path):
+    """A folder rewritten for a VNNI CPU, carried to one without: refused with the command that
+    rewrites it, never run with silently saturated sums."""
+    source, folder = tiny_w8a8
+    eight = tmp_path / "tiny-w8a8-127"
+    rewrite_folder(source, eight, levels=127)
+    manifest = read_manifest(source)
+    write_manifest(eight, **{k: manifest[k] for k in ("name", "source_sha256", "architecture",
+                                                    "chat_template")}, precision="w8a8",
+                   **{w8a8.LEVELS_FIELD: 127})
+    monkeypatch.setattr(w8a8, "cpu_has_vnni", lambda: False)
+    with pytest.raises(ModelNotCompiled, match="VNNI.*--precision w8a8"):
+        ModelFolder.open(eight)
+    with pytest.raises(ModelNotCompiled, match="VNNI"):
+        load_model(eight)
+    ModelFolder.open(folder)  # +-63: runs anywhere
+    monkeypatch.setattr(w8a8, "cpu_has_vnni", lambda: True)
+    assert ModelFolder.open(eight).manifest[w8a8.LEVELS_FIELD] == 127

@@ -46,5 +46,5 @@ def test_hello_never_repeats_the_device_token() -> None:
 
 
 def test_a_frame_that_does_not_decode_is_described_not_raised() -> None:
-    seen = protocol.describe_frame("down", b"\x01\xff garbage")
+    seen = protocol.describe_frame("down", b"\x02\xff garbage")
     assert seen["type"] == "undecodable" and seen["bytes"] == 10 and seen["fields"]["error"]

@@ -31,24 +31,26 @@ from specsteer.errors import ProtocolError
 
 def test_hello_bytes() -> None:
     frame = wire.encode(wire.Hello("ab", "", auth_token="tok", client_name="c"))
-    assert frame == b"\x01\x01" + b"\x03tok" + b"\x02ab" + b"\x00" + b"\x01c"
+    assert frame == b"\x02\x01" + b"\x03tok" + b"\x02ab" + b"\x00" + b"\x01c"
     assert wire.decode(frame, wire.Limits()) == wire.Hello("ab", "", "tok", "c")
 
 
 def test_draft_bytes_and_size() -> None:
-    # round 3, one committed id 300 (0xAC 0x02), four drafts, no logp_S0 (low bit of count 0)
+    # round 3, one committed id 300 (0xAC 0x02), four drafts
     frame = wire.encode(wire.Draft(3, (300,), (1, 2, 3, 4)))
-    assert frame == b"\x01\x05\x03\x01\xac\x02\x08\x01\x02\x03\x04"
+    assert frame == b"\x02\x05\x03\x01\xac\x02\x04\x01\x02\x03\x04"
     assert wire.decode(frame, wire.Limits()) == wire.Draft(3, (300,), (1, 2, 3, 4))
     # K=4 ids of a 152k vocabulary, nothing committed: 17 bytes at worst; small ids: 9 bytes.
     assert len(wire.encode(wire.Draft(100, (), (1, 2, 3, 4)))) == 9
     assert len(wire.encode(wire.Draft(100, (), (151_000,) * 4))) == 17
-    # With logp_S0 on the device: the count's low bit is set and 4 float16 follow.
-    frame = wire.encode(wire.Draft(0, (), (5, 6, 7, 8), logp_s0=(-1.0, -2.0, -0.5, 0.0)))
-    expected = b"\x01\x05\x00\x00\x09\x05\x06\x07\x08" + b"".join(
-        f16(x) for x in (-1.0, -2.0, -0.5, 0.0)
-    )
+    # With P_S0 on the device its values follow in a DraftS0: round, count, 4 float16.
+    frame = wire.encode(wire.DraftS0(0, (-1.0, -2.0, -0.5, 0.0)))
+    expected = b"\x02\x0c\x00\x04" + b"".join(f16(x) for x in (-1.0, -2.0, -0.5, 0.0))
     assert frame == expected
+    assert wire.decode(frame, wire.Limits()) == wire.DraftS0(0, (-1.0, -2.0, -0.5, 0.0))
+    # never more values than a Draft may hold ids, checked before they are read
+    too_many = wire.encode(wire.DraftS0(0, (-1.0,) * 17))
+    assert_code(wire.ErrorCode.LIMIT_EXCEEDED, wire.decode, too_many, wire.Limits())
 
 
 def test_verdict_bytes_sorted_and_delta_encoded() -> None:
@@ -58,7 +60,7 @@ def test_verdict_bytes_sorted_and_delta_encoded() -> None:
     assert verdict.values == (0.5, -1.0, -2.0)
     frame = wire.encode(verdict)
     assert frame == (
-        b"\x01\x06\x02\x01\x03" + b"\x03\x06\xbd\x01" + f16(0.5) + f16(-1.0) + f16(-2.0)
+        b"\x02\x06\x02\x01\x03" + b"\x03\x06\xbd\x01" + f16(0.5) + f16(-1.0) + f16(-2.0)
     )
     assert wire.decode(frame, wire.Limits()) == verdict
 
@@ -75,18 +77,18 @@ def test_verdict_with_64_candidates_fits_270_bytes() -> None:
 
 
 def test_other_messages_bytes() -> None:
-    assert wire.encode(wire.SessionOpened(7, 300)) == b"\x01\x04\x07\xac\x02"
-    assert wire.encode(wire.RowRequest((1, 2))) == b"\x01\x07\x02\x01\x02"
-    assert wire.encode(wire.Close("bye")) == b"\x01\x09\x03bye"
-    assert wire.encode(wire.Error(wire.ErrorCode.BAD_TOKEN, "x")) == b"\x01\x0a\x07\x00\x01x"
+    assert wire.encode(wire.SessionOpened(7, 300)) == b"\x02\x04\x07\xac\x02"
+    assert wire.encode(wire.RowRequest((1, 2))) == b"\x02\x07\x02\x01\x02"
+    assert wire.encode(wire.Close("bye")) == b"\x02\x09\x03bye"
+    assert wire.encode(wire.Error(wire.ErrorCode.BAD_TOKEN, "x")) == b"\x02\x0a\x07\x00\x01x"
     row = wire.RowReply((9, 4), (-1.0, -2.0), (-3.0, -4.0))
-    assert wire.encode(row) == b"\x01\x08\x02\x04\x04" + f16(-2.0) + f16(-1.0) + f16(-4.0) + f16(
+    assert wire.encode(row) == b"\x02\x08\x02\x04\x04" + f16(-2.0) + f16(-1.0) + f16(-4.0) + f16(
         -3.0
     )
     settings = wire.SessionSettings(wire.Mode.ROWS, 0.5, 1.0, 64, 0.0, 42, "difference", True)
     request = wire.OpenSession((1, 2), settings)
     assert wire.encode(request) == (
-        b"\x01\x03\x02\x01\x01"
+        b"\x02\x03\x02\x01\x01"
         + struct.pack("<fffHQf", 0.5, 1.0, 0.0, 64, 42, 1.0)
         + b"\x02\x01\x02"
     )
@@ -97,7 +99,7 @@ def test_resume_bytes() -> None:
     settings = wire.SessionSettings(wire.Mode.SPECSTEER, 0.5, 1.0, 64, 0.0, 42, "generalist", False)
     frame = wire.encode(wire.Resume((1, 2), (300,), settings, round=130))
     assert frame == (
-        b"\x01\x0b\x00\x00\x00"
+        b"\x02\x0b\x00\x00\x00"
         + struct.pack("<fffHQf", 0.5, 1.0, 0.0, 64, 42, 1.0)
         + b"\x82\x01"  # round 130
         + b"\x02\x01\x02"  # prompt
@@ -117,25 +119,25 @@ VALID_DRAFT = wire.encode(wire.Draft(1, (300,), (1, 2, 3, 4)))
     ("frame", "code"),
     [
         (b"", wire.ErrorCode.BAD_FRAME),
-        (b"\x01", wire.ErrorCode.BAD_FRAME),
-        (b"\x02\x05", wire.ErrorCode.BAD_VERSION),
+        (b"\x02", wire.ErrorCode.BAD_FRAME),
+        (b"\x01\x05", wire.ErrorCode.BAD_VERSION),  # version 1: logp_S0 inside the Draft
         (b"\x00\x05", wire.ErrorCode.BAD_VERSION),
-        (b"\x01\x00", wire.ErrorCode.UNKNOWN_TYPE),
-        (b"\x01\x63", wire.ErrorCode.UNKNOWN_TYPE),
+        (b"\x02\x00", wire.ErrorCode.UNKNOWN_TYPE),
+        (b"\x02\x63", wire.ErrorCode.UNKNOWN_TYPE),
         (VALID_DRAFT + b"\x00", wire.ErrorCode.BAD_FRAME),  # trailing byte
-        (b"\x01\x04\x80\x00\x01", wire.ErrorCode.BAD_FRAME),  # over-long varint (0 in two bytes)
-        (b"\x01\x04\x00\xff\xff\xff\xff\x10", wire.ErrorCode.BAD_FRAME),  # 33-bit prompt length
-        (b"\x01\x04" + b"\xff" * 10 + b"\x01\x00", wire.ErrorCode.BAD_FRAME),  # > 64-bit session id
-        (b"\x01\x04\x00\x80", wire.ErrorCode.BAD_FRAME),  # varint cut by the end of the frame
-        (b"\x01\x09\x02\xff\xfe", wire.ErrorCode.BAD_FRAME),  # invalid UTF-8
-        (b"\x01\x09\x05ab", wire.ErrorCode.BAD_FRAME),  # string longer than the frame
-        (b"\x01\x03\x00\x00\x02" + b"\x00" * 22 + b"\x00", wire.ErrorCode.BAD_FRAME),  # bool byte 2
+        (b"\x02\x04\x80\x00\x01", wire.ErrorCode.BAD_FRAME),  # over-long varint (0 in two bytes)
+        (b"\x02\x04\x00\xff\xff\xff\xff\x10", wire.ErrorCode.BAD_FRAME),  # 33-bit prompt length
+        (b"\x02\x04" + b"\xff" * 10 + b"\x01\x00", wire.ErrorCode.BAD_FRAME),  # > 64-bit session id
+        (b"\x02\x04\x00\x80", wire.ErrorCode.BAD_FRAME),  # varint cut by the end of the frame
+        (b"\x02\x09\x02\xff\xfe", wire.ErrorCode.BAD_FRAME),  # invalid UTF-8
+        (b"\x02\x09\x05ab", wire.ErrorCode.BAD_FRAME),  # string longer than the frame
+        (b"\x02\x03\x00\x00\x02" + b"\x00" * 22 + b"\x00", wire.ErrorCode.BAD_FRAME),  # bool byte 2
         (  # mode 7
-            b"\x01\x03\x07\x00\x00" + b"\x00" * 22 + b"\x00\x00\x80\x3f" + b"\x00",
+            b"\x02\x03\x07\x00\x00" + b"\x00" * 22 + b"\x00\x00\x80\x3f" + b"\x00",
             wire.ErrorCode.BAD_VALUE,
         ),
-        (b"\x01\x06\x00\x00\x01\x05\x00\x7e", wire.ErrorCode.BAD_VALUE),  # NaN value
-        (b"\x01\x0a\x01", wire.ErrorCode.BAD_FRAME),  # error code cut short
+        (b"\x02\x06\x00\x00\x01\x05\x00\x7e", wire.ErrorCode.BAD_VALUE),  # NaN value
+        (b"\x02\x0a\x01", wire.ErrorCode.BAD_FRAME),  # error code cut short
     ],
 )
 def test_decode_rejects(frame: bytes, code: wire.ErrorCode) -> None:
@@ -150,7 +152,8 @@ def test_decode_rejects(frame: bytes, code: wire.ErrorCode) -> None:
         wire.OpenSession((1, 2, 3), wire.SessionSettings(gamma=0.25, seed=2**63)),
         wire.Resume((1, 2, 3), (4, 5), wire.SessionSettings(top_k=8), 2**31),
         wire.SessionOpened(2**40, 3),
-        wire.Draft(5, (7,), (1, 2), logp_s0=(-1.0, -2.0)),
+        wire.Draft(5, (7,), (1, 2)),
+        wire.DraftS0(5, (-1.0, -2.0)),
         wire.Verdict(5, 2, (1, 50, 70_000), (-1.0, -2.0, -3.0)),
         wire.RowRequest((1,)),
         wire.RowReply((1, 2), (-1.0, -2.0), (-3.0, -4.0)),
@@ -217,11 +220,12 @@ def test_counts_over_limits() -> None:
 def test_huge_counts_fail_before_allocating(limits: wire.Limits, code: wire.ErrorCode) -> None:
     huge = varint(10**9)
     frames = [
-        b"\x01\x07" + huge + b"\x01" * 11,  # wire.RowRequest
-        b"\x01\x05\x00" + huge + b"\x01" * 11,  # wire.Draft committed ids
-        b"\x01\x05\x00\x00" + varint(2 * 10**9 + 1) + b"\x01" * 11,  # wire.Draft ids + logp_S0
-        b"\x01\x06\x00\x00" + huge + b"\x01" * 11,  # wire.Verdict candidates
-        b"\x01\x08" + huge + b"\x01" * 11,  # wire.RowReply
+        b"\x02\x07" + huge + b"\x01" * 11,  # wire.RowRequest
+        b"\x02\x05\x00" + huge + b"\x01" * 11,  # wire.Draft committed ids
+        b"\x02\x05\x00\x00" + huge + b"\x01" * 11,  # wire.Draft ids
+        b"\x02\x0c\x00" + huge + b"\x01" * 11,  # wire.DraftS0 values
+        b"\x02\x06\x00\x00" + huge + b"\x01" * 11,  # wire.Verdict candidates
+        b"\x02\x08" + huge + b"\x01" * 11,  # wire.RowReply
     ]
     tracemalloc.start()
     try:
@@ -267,7 +271,7 @@ def test_ids_at_or_above_vocab_are_bad_token() -> None:
     assert_code(
         wire.ErrorCode.BAD_TOKEN,
         wire.decode,
-        b"\x01\x06\x00\x00\x02" + varint(2**32 - 1) + b"\x00" + b"\0" * 4,
+        b"\x02\x06\x00\x00\x02" + varint(2**32 - 1) + b"\x00" + b"\0" * 4,
         wire.Limits(),
     )
 

@@ -29,6 +29,8 @@ from specsteer.protocol import (
     DeviceConnection,
     Draft,
     DraftReceived,
+    DraftS0,
+    DraftS0Received,
     Error,
     ErrorCode,
     ErrorReceived,
@@ -118,13 +120,15 @@ def test_byte_accounting_matches_captured_frames_exactly() -> None:
     pump()
     companion.session_opened(1)
     pump()
-    device.send_draft([5, 6, 7, 8], logp_s0=[-1, -2, -3, -4])
+    device.send_draft([5, 6, 7, 8])
+    device.send_draft_s0([-1, -2, -3, -4])
     pump()
     companion.send_verdict(4, list(range(64)), np.linspace(-10, 0, 64))
     pump()
     assert device.bytes_sent == sum(map(len, up)) == companion.bytes_received
     assert device.bytes_received == sum(map(len, down)) == companion.bytes_sent
     assert device.frames_received == len(down) == 3
+    assert device.frames_sent == len(up) == companion.frames_received == 4
 
 
 def test_speculative_mode_single_id_verdicts() -> None:
@@ -273,7 +277,7 @@ def test_device_checks_its_own_requests_against_companion_limits() -> None:
     device, _ = handshake(s0_on_device=False)
     assert_code(ErrorCode.LIMIT_EXCEEDED, device.send_draft, range(17))
     assert_code(ErrorCode.BAD_TOKEN, device.send_draft, (VOCAB,))
-    assert_code(ErrorCode.BAD_VALUE, device.send_draft, (1,), logp_s0=(0.0,))
+    assert_code(ErrorCode.OUT_OF_ORDER, device.send_draft_s0, (0.0,))  # no Draft outstanding
     assert_code(ErrorCode.OUT_OF_ORDER, device.request_row)
     assert device.state is State.SESSION and device.data_to_send() == []
     device2 = DeviceConnection()
@@ -304,7 +308,7 @@ def test_device_receives_error_and_close() -> None:
     device.close()  # idempotent: nothing more is queued
     assert device.data_to_send() == []
     other, _ = handshake()
-    assert other.receive_frame(b"\x01\x09\x00") == [Closed("")]
+    assert other.receive_frame(b"\x02\x09\x00") == [Closed("")]
     # Unknown error codes from a newer peer still arrive, as ints.
     third = DeviceConnection()
     assert third.receive_frame(encode(Error(999, "?"))) == [ErrorReceived(999, "?")]
@@ -333,8 +337,8 @@ def test_companion_requires_hello_first() -> None:
 def test_companion_rejects_garbage_with_its_code() -> None:
     failed(CompanionConnection(), b"", ErrorCode.BAD_FRAME)
     failed(CompanionConnection(), b"\x07\x01", ErrorCode.BAD_VERSION)
-    failed(CompanionConnection(), b"\x01\xee", ErrorCode.UNKNOWN_TYPE)
-    failed(CompanionConnection(), b"\x01\x01" + b"\x00" * 70_000, ErrorCode.TOO_LARGE)
+    failed(CompanionConnection(), b"\x02\xee", ErrorCode.UNKNOWN_TYPE)
+    failed(CompanionConnection(), b"\x02\x01" + b"\x00" * 70_000, ErrorCode.TOO_LARGE)
 
 
 def test_companion_rejects_hello_twice_and_draft_during_handshake() -> None:
@@ -397,11 +401,65 @@ def test_companion_checks_tokens_against_its_vocab() -> None:
     failed(companion, encode(Draft(0, (VOCAB + 5,), (1,))), ErrorCode.BAD_TOKEN)
 
 
-def test_companion_checks_logp_s0_matches_placement() -> None:
-    _, companion = handshake(s0_on_device=False)
-    failed(companion, encode(Draft(0, (), (1,), logp_s0=(-1.0,))), ErrorCode.BAD_VALUE)
-    _, companion = handshake(s0_on_device=True)
-    failed(companion, encode(Draft(0, (), (1,))), ErrorCode.BAD_VALUE)
+def test_p_s0_follows_the_draft_in_a_frame_of_its_own() -> None:
+    """With s0_on_device the companion hears of the draft first (to score it meanwhile), its
+    P_S0 values next, and only then may it answer; the next round starts over."""
+    device, companion = handshake(s0_on_device=True)
+    for round_ in range(2):
+        device.send_draft((1, 2), committed_ids=(3,) if round_ else ())
+        [event] = transfer(device, companion)
+        assert isinstance(event, DraftReceived) and event.draft.draft_ids == (1, 2)
+        assert_code(ErrorCode.OUT_OF_ORDER, companion.send_verdict, 1, (5,), (0.0,))
+        device.send_draft_s0((-1.0, -2.0))
+        [event] = transfer(device, companion)
+        assert event == DraftS0Received(DraftS0(round_, (-1.0, -2.0)))
+        companion.send_verdict(1, (5,), (0.0,))
+        [event] = transfer(companion, device)
+        assert isinstance(event, VerdictReceived) and event.verdict.round == round_
+
+
+def test_the_device_sends_p_s0_once_per_draft_of_an_s0_session() -> None:
+    device, _ = handshake(s0_on_device=False)
+    device.send_draft((1,))
+    assert_code(ErrorCode.OUT_OF_ORDER, device.send_draft_s0, (0.0,))  # the companion's P_S0
+    device, _ = handshake(s0_on_device=True)
+    device.send_draft((1, 2))
+    assert_code(ErrorCode.BAD_VALUE, device.send_draft_s0, (0.0,))  # one value per draft
+    device.send_draft_s0((0.0, -1.0))
+    assert_code(ErrorCode.OUT_OF_ORDER, device.send_draft_s0, (0.0, -1.0))
+    assert len(device.data_to_send()) == 2
+
+
+def test_the_device_refuses_a_verdict_before_it_sent_p_s0() -> None:
+    device, companion = handshake(s0_on_device=True)
+    device.send_draft((1,))
+    transfer(device, companion)
+    forged = encode(Verdict(0, 1, (5,), (0.0,)))  # a companion that decided without P_S0
+    assert_code(ErrorCode.OUT_OF_ORDER, device.receive_frame, forged)
+    assert device.state is State.CLOSED
+
+
+@pytest.mark.parametrize(
+    ("s0_on_device", "frames", "code"),
+    [
+        (False, [DraftS0(0, (-1.0,))], ErrorCode.OUT_OF_ORDER),  # P_S0 is the companion's
+        (False, [Draft(0, (), (1,)), DraftS0(0, (-1.0,))], ErrorCode.OUT_OF_ORDER),
+        (True, [DraftS0(0, (-1.0,))], ErrorCode.OUT_OF_ORDER),  # before any Draft
+        (True, [Draft(0, (), (1,)), DraftS0(1, (-1.0,))], ErrorCode.OUT_OF_ORDER),  # round
+        (True, [Draft(0, (), (1, 2)), DraftS0(0, (-1.0,))], ErrorCode.BAD_VALUE),  # count
+        (True, [Draft(0, (), (1,)), DraftS0(0, (-1.0,)), DraftS0(0, (-1.0,))],
+         ErrorCode.OUT_OF_ORDER),  # twice
+        (True, [Draft(0, (), (1,)), Draft(1, (), (1,))], ErrorCode.OUT_OF_ORDER),  # no P_S0
+    ],
+)
+def test_companion_checks_where_p_s0_comes_from(
+        s0_on_device: bool, frames: list[Draft | DraftS0], code: ErrorCode) -> None:
+    _, companion = handshake(s0_on_device=s0_on_device)
+    *before, last = frames
+    for message in before:
+        [event] = companion.receive_frame(encode(message))
+        assert isinstance(event, DraftReceived | DraftS0Received)
+    failed(companion, encode(last), code)
 
 
 def test_companion_fail_and_close() -> None:

@@ -11,6 +11,7 @@ from helpers.protocol import assert_code, f16
 from specsteer.protocol import (
     Close,
     Draft,
+    DraftS0,
     Error,
     ErrorCode,
     Limits,
@@ -36,7 +37,7 @@ def test_messages_reject_invalid_values_at_construction() -> None:
     assert_code(ErrorCode.BAD_VALUE, Verdict, 0, 0, (1,), (math.nan,))
     assert_code(ErrorCode.BAD_TOKEN, Draft, 0, (), (-1,))
     assert_code(ErrorCode.BAD_TOKEN, Draft, 0, (), (2**32,))
-    assert_code(ErrorCode.BAD_VALUE, Draft, 0, (), (1, 2), logp_s0=(0.0,))
+    assert_code(ErrorCode.BAD_VALUE, DraftS0, 0, (math.nan,))
     assert_code(ErrorCode.BAD_VALUE, SessionSettings, gamma=-0.5)
     assert_code(ErrorCode.BAD_VALUE, SessionSettings, gamma=math.inf)
     assert_code(ErrorCode.BAD_VALUE, SessionSettings, alpha=1e300)

@@ -6,6 +6,14 @@
 """
 
 from specsteer_companion.cross.prompts import generalist_prompt, parse_chatml
-from specsteer_companion.cross.session import CrossStats, CrossVerifierSession, SpanCheck
+from specsteer_companion.cross.session import (
+    CrossStats,
+    CrossVerifierSession,
+    ScoredText,
+    SpanCheck,
+)
 
-__all__ = ["CrossStats", "CrossVerifierSession", "SpanCheck", "generalist_prompt", "parse_chatml"]
+__all__ = [
+    "CrossStats", "CrossVerifierSession", "ScoredText", "SpanCheck", "generalist_prompt",
+    "parse_chatml",
+]

@@ -105,6 +105,20 @@ class _View:
         return int(np.searchsorted(self.ends, pos, side="right"))
 
 
+@dataclass(frozen=True)
+class ScoredText:
+    """A draft whose text the Generalist has read, waiting for its span tests (`decide`)."""
+
+    draft: list[int]
+    words: list[int]  # the draft up to its end-of-text
+    eos_at: int | None
+    d0: int  # byte offset of the draft in the text
+    d_ends: np.ndarray  # byte end of every drafted word
+    seq: list[int]  # the committed ids, then the draft
+    offset: int  # where the draft starts in `seq`
+    view: _View
+
+
 class _GTrack:
     """The Generalist's KV session: the public prompt, then its own tokenization of the text.
 
@@ -238,6 +252,10 @@ class CrossVerifierSession:
     def verify(self, committed: Sequence[int], draft: Sequence[int],
                logp_s0_draft: Sequence[float] | None = None) -> steer.RoundVerdict:
         """One Draft–Verify–Recover round over text (SPECULATIVE: greedy-match spans)."""
+        return self.decide(self.score(committed, draft), logp_s0_draft)
+
+    def score(self, committed: Sequence[int], draft: Sequence[int]) -> ScoredText:
+        """A round's first half: the text with the draft, the Generalist synced over it."""
         self.stats.rounds += 1
         self._append(committed)
         draft = list(draft)
@@ -247,20 +265,27 @@ class CrossVerifierSession:
         d_ends = d0 + np.cumsum(self.pair.s.lengths[np.asarray(words, np.int64)]) \
             if words else np.zeros(0, np.int64)
         full = bytes(self.text) + self.pair.s.bytes_of(words)
-        seq, offset = [*committed, *draft], len(committed)
+        s_bounds = np.concatenate([np.asarray(self.s_ends, np.int64), d_ends])
+        view = self._view(full, final=eos_at is not None, s_bounds=s_bounds)
+        self.g.sync(view.ids)
+        return ScoredText(draft, words, eos_at, d0, d_ends, [*committed, *draft],
+                           len(committed), view)
+
+    def decide(self, scored: ScoredText, logp_s0_draft: Sequence[float] | None = None
+               ) -> steer.RoundVerdict:
+        """A round's second half: the span tests with P_S0 (hosted here, or `logp_s0_draft`
+        from the device), the candidates, and the kept text."""
+        draft, words, offset, view = scored.draft, scored.words, scored.offset, scored.view
         s0_rows = logp_s0 = None
         if self.s0 is not None:
-            s0_rows = self.s0.extend(seq)
+            s0_rows = self.s0.extend(scored.seq)
             logp_s0 = self._logp(s0_rows)
             ls0 = np.asarray([logp_s0[offset + i, t] for i, t in enumerate(draft)], np.float64)
         elif self.mode is Mode.SPECSTEER:
             ls0 = np.asarray(logp_s0_draft, np.float64)
         else:
             ls0 = np.zeros(len(draft))
-        s_bounds = np.concatenate([np.asarray(self.s_ends, np.int64), d_ends])
-        view = self._view(full, final=eos_at is not None, s_bounds=s_bounds)
-        self.g.sync(view.ids)
-        accepted, pos = self._accept(view, d0, d_ends, ls0, eos_at)
+        accepted, pos = self._accept(view, scored.d0, scored.d_ends, ls0, scored.eos_at)
         logp_hat = self._mapped(view, pos)
         at = offset + accepted
         if self.mode is Mode.SPECULATIVE:

@@ -2,7 +2,8 @@
 
 `SteeredRounds` runs SpecSteer's Draft–Verify–Recover (and classic speculative decoding, which
 shares its shape): draft K tokens, send only their ids (and, when P_S0 is placed on the
-device, the context-free Specialist's log-probabilities of them), wait for the verdict, fuse
+device, the context-free Specialist's log-probabilities of them, in a frame of their own
+computed while the companion scores the ids), wait for the verdict, fuse
 the companion's sparse vector with the private term (`steer.fuse`) and pick the next token.
 With `pipeline` it bets while it waits (see `SteeredRounds._bet`). `row_tokens` runs the
 per-token baselines (the LLM alone, LightCoSteer, CoSteer) over the companion's top-k row.
@@ -257,8 +258,11 @@ class SteeredRounds:
         self._guard(current)
         drafted = current.tokens
         off = len(self.committed)
+        # the ids go up first: the companion's Generalist scores them during P_S0's pass
+        self.link.submit_draft(drafted, self.committed)
         s0_base, s0_rows, s0_draft = self._s0_of_draft(drafted)
-        self.link.submit_draft(drafted, self.committed, s0_draft)
+        if s0_draft is not None:
+            self.link.send_draft_s0(s0_draft)
         current.settle(self.local)  # the bonus position's row, while the companion verifies
         guess = self._bet(current, s0_rows)
         stats.device_s += time.perf_counter() - t0

@@ -173,8 +173,11 @@ def compile_model(
     dest = compiled_dir(spec, precision)
     if dest.exists() and not force:
         if precision == "w8a8" and not w8a8.is_current(read_manifest(dest)):
-            say(f"{spec.name} w8a8: {dest} holds an older SDK's rewrite (a slower graph); "
+            say(f"{spec.name} w8a8: {dest} holds an older SDK's rewrite (docs/models.md); "
                 "rewriting it")
+        elif precision == "w8a8" and w8a8.cpu_refusal(read_manifest(dest)):
+            say(f"{spec.name} w8a8: {dest} was rewritten for a CPU with VNNI; rewriting it "
+                "for this one")
         else:
             if add_logits_rows(dest):
                 say(f"{spec.name} {precision}: added the last-rows output layer to {dest}")
@@ -198,12 +201,13 @@ def compile_model(
     try:
         started = time.monotonic()
         out = work / "onnx"
+        extra = {}
         if precision == "w8a8":
-            _rewrite_w8a8(spec, source, out, log, say)
+            extra[w8a8.LEVELS_FIELD] = _rewrite_w8a8(spec, source, out, log, say)
         else:
             _build(spec, source, precision, work, log, say)
         upgrade_folder(out)
-        _write_manifest(spec, precision, out, time.monotonic() - started)
+        _write_manifest(spec, precision, out, time.monotonic() - started, **extra)
         install_folder(out, dest)
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -250,11 +254,15 @@ def builder_input(folder: Path, dest: Path) -> None:
     (dest / "config.json").write_text(json.dumps(config, indent=2))
 
 
-def _rewrite_w8a8(spec: ModelSpec, source: Path, out: Path, log: Path, say) -> None:
-    """The int8 folder `source` with its linear layers rewritten to w8a8, built in `out`."""
-    say(f"{spec.name}: rewriting the int8 model's linear layers to w8a8 (log: {log})")
-    _run_step([sys.executable, "-m", "specsteer.models.w8a8", str(source), str(out)], log,
-              "w8a8 rewrite")
+def _rewrite_w8a8(spec: ModelSpec, source: Path, out: Path, log: Path, say) -> int:
+    """The int8 folder `source` with its linear layers rewritten to w8a8, built in `out`, with
+    the weights' levels this CPU multiplies exactly; returns them."""
+    levels = w8a8.weight_levels()
+    say(f"{spec.name}: rewriting the int8 model's linear layers to w8a8, weights over "
+        f"+-{levels} (log: {log})")
+    _run_step([sys.executable, "-m", "specsteer.models.w8a8", str(source), str(out),
+               "--levels", str(levels)], log, "w8a8 rewrite")
+    return levels
 
 
 def add_logits_rows(folder: Path) -> bool:
@@ -277,7 +285,8 @@ def install_folder(out: Path, dest: Path) -> None:
     os.replace(out, dest)
 
 
-def _write_manifest(spec: ModelSpec, precision: str, folder: Path, seconds: float) -> None:
+def _write_manifest(spec: ModelSpec, precision: str, folder: Path, seconds: float,
+                    **extra: object) -> None:
     import onnxruntime_genai
 
     vocab = json.loads((folder / "genai_config.json").read_text())["model"]["vocab_size"]
@@ -293,6 +302,7 @@ def _write_manifest(spec: ModelSpec, precision: str, folder: Path, seconds: floa
         builder=f"onnxruntime-genai {onnxruntime_genai.__version__}"
         + (f" int8 + {w8a8.REWRITE}" if precision == "w8a8" else ""),
         compile_seconds=round(seconds, 1),
+        **extra,
     )
 
 

@@ -7,8 +7,8 @@ lives on multi-token passes. ONNX Runtime's integer GEMM (MLAS u8 x s8 QGEMM) do
 multiply ~2x faster at 5 rows, and a device's prefill ~2.5x faster (VNNI where the CPU has
 it). Each linear layer `y = x @ W` becomes
 
-    W  -> int8 per output channel (symmetric, +-63: see WEIGHT_LEVELS), from the int8 block-32
-          or fp32 weights;
+    W  -> int8 per output channel (symmetric, +-127 on a CPU with VNNI, +-63 elsewhere: see
+          WEIGHT_LEVELS), from the int8 block-32 or fp32 weights;
     x  -> uint8 per row (per token, symmetric around 128), quantized inside the graph by one
           `QuantizeLinear` whose block is the whole row (opset 21's blocked quantization);
     y  =  MatMulIntegerToFloat(x_q, W_q, channel_scale) * row_scale.
@@ -19,6 +19,12 @@ and outputs (Div, Round, Add, Cast in; Cast, Mul out): measured per CPU second o
 one 64-row linear layer runs 7-37 % faster by shape (docs/BENCHMARKS.md, "Prefill at the
 limit"); the integers are the same and the floats differ by rounding order only.
 
+The output layer is left as compiled (8-bit weights in blocks of 32, `MatMulNBits`): its error
+lands on the logits as they are, where the hidden layers' is smoothed by the layers after
+them. Rewritten too, the Specialist's texts drifted from int8's beyond the paired interval on
+email (ROUGE-1 -2.05 over 20 senders; docs/BENCHMARKS.md, "The companion beside the device"),
+and it costs no prefill speed: a prefill computes it for its last row only (`logits_rows`).
+
 Per-token activation scales matter twice: a single-scale (per-tensor) quantization of a whole
 prompt lets the few "massive activation" tokens flatten every other token (measured: 30 % top-1
 agreement on Qwen 0.5B), and rows that never share a scale keep a batched pass equal to each
@@ -28,7 +34,9 @@ session alone (cross-session batching relies on it). Quality and speed: docs/mod
 from __future__ import annotations
 
 import argparse
+import json
 import shutil
+from collections.abc import Collection
 from pathlib import Path
 
 import numpy as np
@@ -36,15 +44,22 @@ import numpy as np
 # What the manifest's `builder` ends with for a folder this code rewrote. A new value when the
 # graph changes: a folder from an older rewrite is rebuilt by `models compile` and refused by
 # name at load time (version 1, seven elementwise passes, prefilled 153 tok/s where version 2
-# prefills 212 on one core: docs/BENCHMARKS.md, "Device prefill and decode")
-REWRITE = "specsteer w8a8 rewrite 2"
+# prefills 212 on one core: docs/BENCHMARKS.md, "Device prefill and decode"; version 2 also
+# rewrote the output layer, whose texts drifted from int8's: see the module docstring)
+REWRITE = "specsteer w8a8 rewrite 3"
 
 # Without VNNI, MLAS sums pairs of u8 x s8 products in saturating int16: 255 * |w_q| * 2 must
 # stay below 32768 or sums silently clip (measured: off by hundreds on random rows). Weights
 # therefore use 7 bits of their int8 (+-63, ONNX Runtime's own "reduce_range" on such CPUs) and
 # activations the full uint8 (128 +- 127): measured on Qwen 0.5B, clipping the activations to 7
-# bits instead doubles the KL to the int8 model (0.064 vs 0.029).
+# bits instead doubles the KL to the int8 model (0.064 vs 0.029). With VNNI (one instruction sums
+# four products into int32) the full +-127 is exact, and it is what brought the Specialist's
+# texts back to int8's (docs/BENCHMARKS.md, "A more faithful w8a8"): the rewrite uses it there,
+# the manifest records it (`LEVELS_FIELD`) and a CPU without VNNI refuses such a folder.
 WEIGHT_LEVELS = 63
+VNNI_WEIGHT_LEVELS = 127
+LEVELS_FIELD = "w8a8_weight_levels"
+_VNNI_FLAGS = ("avx512_vnni", "avx_vnni")  # /proc/cpuinfo names of the instruction
 ACT_LEVELS = 127
 ZERO = 128
 EPS = 1e-8  # floor of a row's max: an all-zero row quantizes to zeros, not NaN
@@ -55,11 +70,43 @@ def is_current(manifest: dict) -> bool:
     return str(manifest.get("builder", "")).endswith(REWRITE)
 
 
-def quantize_channels(weight: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """`weight` [in, out] float -> (int8 [in, out], float32 scale [out]), symmetric per column."""
-    scale = np.abs(weight).max(axis=0) / WEIGHT_LEVELS
+def cpu_has_vnni(cpuinfo: Path = Path("/proc/cpuinfo")) -> bool:
+    """Whether this CPU sums u8 x s8 products in int32 (x86 VNNI), as Linux reports it; False
+    where that cannot be read (other systems get the +-63 weights, exact everywhere)."""
+    try:
+        text = cpuinfo.read_text(errors="replace")
+    except OSError:
+        return False
+    flags = next((line.split(":", 1)[1].split() for line in text.splitlines()
+                  if line.startswith("flags")), [])
+    return any(flag in flags for flag in _VNNI_FLAGS)
+
+
+def weight_levels() -> int:
+    """The weights' levels a rewrite on this machine uses: +-127 with VNNI, else +-63."""
+    return VNNI_WEIGHT_LEVELS if cpu_has_vnni() else WEIGHT_LEVELS
+
+
+def cpu_refusal(manifest: dict) -> str | None:
+    """Why this CPU cannot run the folder of `manifest` exactly (None: it can): 8-bit weights
+    without VNNI saturate MLAS's int16 sums silently, a wrong text and no error."""
+    if int(manifest.get(LEVELS_FIELD, WEIGHT_LEVELS)) <= WEIGHT_LEVELS or cpu_has_vnni():
+        return None
+    return (f"its w8a8 weights use 8 bits (+-{manifest[LEVELS_FIELD]}), exact only on a CPU with "
+            "VNNI, and this CPU has none (its integer sums would saturate); run `specsteer "
+            f"models compile {manifest.get('name', 'NAME')} --precision w8a8 --force` on this "
+            "machine (seconds: +-63 weights from the int8 folder)")
+
+
+def quantize_channels(weight: np.ndarray, levels: int = WEIGHT_LEVELS
+                      ) -> tuple[np.ndarray, np.ndarray]:
+    """`weight` [in, out] float -> (int8 [in, out], float32 scale [out]), symmetric per column
+    over +-`levels`."""
+    if not 1 <= levels <= VNNI_WEIGHT_LEVELS:
+        raise ValueError(f"weight levels must be in [1, {VNNI_WEIGHT_LEVELS}], not {levels}")
+    scale = np.abs(weight).max(axis=0) / levels
     scale[scale == 0] = 1.0
-    q = np.clip(np.rint(weight / scale), -WEIGHT_LEVELS, WEIGHT_LEVELS).astype(np.int8)
+    q = np.clip(np.rint(weight / scale), -levels, levels).astype(np.int8)
     return q, scale.astype(np.float32)
 
 
@@ -92,9 +139,11 @@ def _nbits_weight(node, arrays: dict[str, np.ndarray]) -> np.ndarray:
     return weight.T
 
 
-def rewrite(model) -> int:
-    """Rewrite `model` (an onnx.ModelProto with its weights loaded) in place; return how many
-    linear layers were rewritten. MatMul nodes count only when their weight is a constant."""
+def rewrite(model, keep_outputs: Collection[str] = (), levels: int = WEIGHT_LEVELS) -> int:
+    """Rewrite `model` (an onnx.ModelProto with its weights loaded) in place, weights over
+    +-`levels`; return how many linear layers were rewritten. MatMul nodes count only when
+    their weight is a constant; a linear node that writes one of `keep_outputs` (the output
+    layer's logits) is kept."""
     from onnx import helper, numpy_helper
 
     graph = model.graph
@@ -119,6 +168,8 @@ def rewrite(model) -> int:
             node.op_type == "MatMul" and node.input[1] in arrays
             and len(arrays[node.input[1]].dims) == 2
         )
+        if is_linear and set(node.output) & set(keep_outputs):
+            is_linear = False
         if not is_linear:
             nodes.append(node)
             continue
@@ -128,7 +179,7 @@ def rewrite(model) -> int:
         else:
             weight = array(node.input[1]).astype(np.float32)
             dropped.add(node.input[1])
-        w_q, w_scale = quantize_channels(weight)
+        w_q, w_scale = quantize_channels(weight, levels)
         prefix = f"w8a8/{count}/{node.name}"
         graph.initializer.extend([numpy_helper.from_array(w_q, prefix + "/weight"),
                                   numpy_helper.from_array(w_scale, prefix + "/scale")])
@@ -167,9 +218,10 @@ def rewrite(model) -> int:
     return count
 
 
-def rewrite_folder(source: Path, out: Path) -> int:
-    """Write `source` (a compiled folder) to `out` with its graph rewritten; the manifest is left
-    to the caller (it hashes the result). Returns how many linear layers were rewritten."""
+def rewrite_folder(source: Path, out: Path, levels: int = WEIGHT_LEVELS) -> int:
+    """Write `source` (a compiled folder) to `out` with its graph rewritten, weights over
+    +-`levels`; the manifest is left to the caller (it hashes the result and records
+    `levels`). Returns how many linear layers were rewritten."""
     import onnx
 
     out.mkdir(parents=True, exist_ok=True)
@@ -177,7 +229,8 @@ def rewrite_folder(source: Path, out: Path) -> int:
         if item.is_file() and not item.name.startswith(("model.onnx", "specsteer.json")):
             shutil.copy2(item, out / item.name)
     model = onnx.load(str(source / "model.onnx"))
-    count = rewrite(model)
+    genai = json.loads((source / "genai_config.json").read_text())["model"]["decoder"]
+    count = rewrite(model, keep_outputs=[genai["outputs"]["logits"]], levels=levels)
     onnx.save(model, str(out / "model.onnx"), save_as_external_data=True,
               all_tensors_to_one_file=True, location="model.onnx.data", size_threshold=1024)
     return count
@@ -187,8 +240,10 @@ def _main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("source", type=Path)
     parser.add_argument("out", type=Path)
+    parser.add_argument("--levels", type=int, default=WEIGHT_LEVELS)
     args = parser.parse_args()
-    print(f"rewrote {rewrite_folder(args.source, args.out)} linear layers")
+    count = rewrite_folder(args.source, args.out, args.levels)
+    print(f"rewrote {count} linear layers, weights over +-{args.levels}")
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ from specsteer.protocol.messages import (
     PROTOCOL_VERSION,
     Close,
     Draft,
+    DraftS0,
     Error,
     ErrorCode,
     Hello,
@@ -129,12 +130,13 @@ def _encode_session_opened(out: bytearray, m: SessionOpened) -> None:
 def _encode_draft(out: bytearray, m: Draft) -> None:
     _put_varint(out, m.round)
     _put_ids(out, m.committed_ids)
-    # The draft count carries the "logp_S0 follows" flag in its low bit: one byte for both.
-    _put_varint(out, len(m.draft_ids) << 1 | (m.logp_s0 is not None))
-    for token in m.draft_ids:
-        _put_varint(out, token)
-    if m.logp_s0 is not None:
-        _put_f16(out, m.logp_s0)
+    _put_ids(out, m.draft_ids)
+
+
+def _encode_draft_s0(out: bytearray, m: DraftS0) -> None:
+    _put_varint(out, m.round)
+    _put_varint(out, len(m.logp_s0))
+    _put_f16(out, m.logp_s0)
 
 
 def _encode_verdict(out: bytearray, m: Verdict) -> None:
@@ -169,6 +171,7 @@ _ENCODERS: dict[type, tuple[MessageType, Callable[[bytearray, Any], None]]] = {
     OpenSession: (MessageType.OPEN_SESSION, _encode_open_session),
     SessionOpened: (MessageType.SESSION_OPENED, _encode_session_opened),
     Draft: (MessageType.DRAFT, _encode_draft),
+    DraftS0: (MessageType.DRAFT_S0, _encode_draft_s0),
     Verdict: (MessageType.VERDICT, _encode_verdict),
     RowRequest: (MessageType.ROW_REQUEST, _encode_row_request),
     RowReply: (MessageType.ROW_REPLY, _encode_row_reply),
@@ -340,16 +343,14 @@ def _decode_session_opened(r: _Reader) -> SessionOpened:
 def _decode_draft(r: _Reader) -> Draft:
     round_ = r.varint("round")
     committed = r.ids(r.count("committed ids", r._limits.max_committed), "committed ids")
-    packed = r.varint("draft count")
-    n, has_s0 = packed >> 1, bool(packed & 1)
-    if n > r._limits.max_draft:
-        raise ProtocolError(
-            ErrorCode.LIMIT_EXCEEDED, f"{n} draft ids exceed the limit of {r._limits.max_draft}"
-        )
-    if n * (3 if has_s0 else 1) > r.remaining():
-        raise ProtocolError(ErrorCode.BAD_FRAME, "frame truncated in draft ids")
-    draft = r.ids(n, "draft ids")
-    return Draft(round_, committed, draft, r.f16(n, "logp_s0") if has_s0 else None)
+    draft = r.ids(r.count("draft ids", r._limits.max_draft), "draft ids")
+    return Draft(round_, committed, draft)
+
+
+def _decode_draft_s0(r: _Reader) -> DraftS0:
+    round_ = r.varint("round")
+    return DraftS0(round_, r.f16(r.count("logp_s0", r._limits.max_draft, bytes_each=2),
+                                 "logp_s0"))
 
 
 def _decode_verdict(r: _Reader) -> Verdict:
@@ -384,6 +385,7 @@ _DECODERS: dict[int, Callable[[_Reader], Message]] = {
     MessageType.OPEN_SESSION: _decode_open_session,
     MessageType.SESSION_OPENED: _decode_session_opened,
     MessageType.DRAFT: _decode_draft,
+    MessageType.DRAFT_S0: _decode_draft_s0,
     MessageType.VERDICT: _decode_verdict,
     MessageType.ROW_REQUEST: _decode_row_request,
     MessageType.ROW_REPLY: _decode_row_reply,

@@ -20,6 +20,7 @@ from specsteer.protocol.events import (
     CloseRequested,
     ConnectionFailed,
     DraftReceived,
+    DraftS0Received,
     ErrorReceived,
     Event,
     HelloAccepted,
@@ -34,6 +35,7 @@ from specsteer.protocol.events import (
 from specsteer.protocol.messages import (
     Close,
     Draft,
+    DraftS0,
     Error,
     ErrorCode,
     Hello,
@@ -60,7 +62,7 @@ class State(enum.Enum):
     READY = "ready"  # handshake done, no session open
     OPENING = "opening"  # OpenSession sent/received, SessionOpened pending
     SESSION = "session"  # a session is open and no request is outstanding
-    WAITING = "waiting"  # a Draft or RowRequest is outstanding
+    WAITING = "waiting"  # a Draft (and its DraftS0) or a RowRequest is outstanding
     CLOSED = "closed"  # Close or Error sent or received: nothing more is accepted
 
 
@@ -193,6 +195,7 @@ class DeviceConnection(_Connection):
         self.round = 0  # number of the next draft in this session
         self._hello: Hello | None = None
         self._draft: Draft | None = None  # the outstanding draft, if any
+        self._s0_owed = False  # its DraftS0 is still to be sent (s0_on_device)
         self._row_pending = False
 
     def hello(
@@ -262,11 +265,11 @@ class DeviceConnection(_Connection):
         draft_ids: Sequence[int],
         *,
         committed_ids: Sequence[int] = (),
-        logp_s0: Sequence[float] | None = None,
     ) -> int:
         """Queue this round's Draft; return its round number (the Verdict must echo it).
 
-        `logp_s0` is required exactly when the session was opened with `s0_on_device`.
+        In a session opened with `s0_on_device` a `send_draft_s0` must follow before the
+        Verdict can be accepted.
         """
         self._require(State.SESSION, action="send a Draft")
         assert self.session is not None
@@ -274,22 +277,34 @@ class DeviceConnection(_Connection):
             raise ProtocolError(
                 ErrorCode.OUT_OF_ORDER, "a ROWS session takes request_row, not drafts"
             )
-        if (logp_s0 is not None) != self.session.settings.s0_on_device:
-            raise ProtocolError(
-                ErrorCode.BAD_VALUE,
-                "logp_s0 must be sent exactly when the session was opened with s0_on_device",
-            )
         peer = self.peer_limits
         draft = Draft(
             self.round,
             self._check_ids("committed ids", committed_ids, peer.max_committed),
             self._check_ids("draft ids", draft_ids, peer.max_draft),
-            logp_s0,
         )
         self._send_checked(draft, peer)
         self._draft = draft
+        self._s0_owed = self.session.settings.s0_on_device
         self.state = State.WAITING
         return draft.round
+
+    def send_draft_s0(self, logp_s0: Sequence[float]) -> None:
+        """Queue P_S0's log-probabilities of the outstanding Draft's ids (`s0_on_device`
+        sessions; once per Draft, after it)."""
+        self._require(State.WAITING, action="send a DraftS0")
+        draft = self._draft
+        if draft is None or not self._s0_owed:
+            raise ProtocolError(ErrorCode.OUT_OF_ORDER,
+                                "a DraftS0 follows a Draft of a session with s0_on_device, once")
+        message = DraftS0(draft.round, logp_s0)
+        if len(message.logp_s0) != len(draft.draft_ids):
+            raise ProtocolError(
+                ErrorCode.BAD_VALUE,
+                f"logp_s0 has {len(message.logp_s0)} values for {len(draft.draft_ids)} drafts",
+            )
+        self._send_checked(message, self.peer_limits)
+        self._s0_owed = False
 
     def request_row(self, committed_ids: Sequence[int] = ()) -> None:
         """Queue a RowRequest (ROWS sessions): commit these ids, ask for the next row."""
@@ -371,6 +386,9 @@ class DeviceConnection(_Connection):
                 ErrorCode.OUT_OF_ORDER,
                 f"verdict for round {message.round} while round {draft.round} is outstanding",
             )
+        if self._s0_owed:
+            raise ProtocolError(ErrorCode.OUT_OF_ORDER,
+                                f"verdict for round {draft.round} before its DraftS0 was sent")
         if message.accepted > len(draft.draft_ids):
             raise ProtocolError(
                 ErrorCode.BAD_VALUE,
@@ -398,6 +416,7 @@ class CompanionConnection(_Connection):
         self.session_id: int | None = None
         self.round = 0  # number the next Draft must carry
         self._draft: Draft | None = None
+        self._s0: DraftS0 | None = None  # the outstanding Draft's P_S0 values, once received
         self._row_pending = False
 
     def receive_frame(self, data: bytes) -> list[Event]:
@@ -443,6 +462,9 @@ class CompanionConnection(_Connection):
             return [SessionRequested(message)]
         if isinstance(message, Draft) and self.state is State.SESSION:
             return [self._on_draft(message)]
+        if isinstance(message, DraftS0) and self.state is State.WAITING \
+                and self._draft is not None:
+            return [self._on_draft_s0(message, self._draft)]
         if isinstance(message, RowRequest) and self.state is State.SESSION:
             assert self.session is not None
             if self.session.settings.mode is not Mode.ROWS:
@@ -464,14 +486,27 @@ class CompanionConnection(_Connection):
             raise ProtocolError(
                 ErrorCode.OUT_OF_ORDER, f"Draft for round {message.round}, expected {self.round}"
             )
-        if (message.logp_s0 is not None) != session.settings.s0_on_device:
-            raise ProtocolError(
-                ErrorCode.BAD_VALUE,
-                "Draft must carry logp_s0 exactly when the session has s0_on_device",
-            )
-        self._draft = message
+        self._draft, self._s0 = message, None
         self.state = State.WAITING
         return DraftReceived(message)
+
+    def _on_draft_s0(self, message: DraftS0, draft: Draft) -> DraftS0Received:
+        assert self.session is not None
+        if not self.session.settings.s0_on_device or self._s0 is not None:
+            raise ProtocolError(ErrorCode.OUT_OF_ORDER,
+                                "a DraftS0 follows a Draft of a session with s0_on_device, once")
+        if message.round != draft.round:
+            raise ProtocolError(
+                ErrorCode.OUT_OF_ORDER,
+                f"DraftS0 for round {message.round} while round {draft.round} is outstanding",
+            )
+        if len(message.logp_s0) != len(draft.draft_ids):
+            raise ProtocolError(
+                ErrorCode.BAD_VALUE,
+                f"logp_s0 has {len(message.logp_s0)} values for {len(draft.draft_ids)} drafts",
+            )
+        self._s0 = message
+        return DraftS0Received(message)
 
     def accept_hello(
         self,
@@ -515,6 +550,8 @@ class CompanionConnection(_Connection):
         draft, session = self._draft, self.session
         if draft is None or session is None:
             raise ProtocolError(ErrorCode.OUT_OF_ORDER, "no Draft is outstanding")
+        if session.settings.s0_on_device and self._s0 is None:
+            raise ProtocolError(ErrorCode.OUT_OF_ORDER, "the Draft's DraftS0 has not arrived")
         if not 0 <= accepted <= len(draft.draft_ids):
             raise ProtocolError(
                 ErrorCode.BAD_VALUE, f"accepted={accepted} outside 0..{len(draft.draft_ids)}"
@@ -522,7 +559,7 @@ class CompanionConnection(_Connection):
         verdict = Verdict(draft.round, accepted, ids, values)
         self._check_reply_ids(verdict.ids, session)
         self._send(verdict)
-        self._draft = None
+        self._draft = self._s0 = None
         self.round += 1
         self.state = State.SESSION
         return verdict

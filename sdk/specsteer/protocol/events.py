@@ -12,6 +12,7 @@ from typing import TypeAlias
 
 from specsteer.protocol.messages import (
     Draft,
+    DraftS0,
     Hello,
     HelloOk,
     OpenSession,
@@ -91,9 +92,17 @@ class ResumeRequested:
 
 @dataclass(frozen=True)
 class DraftReceived:
-    """Companion: a draft to verify; answer with send_verdict."""
+    """Companion: a draft to verify; answer with send_verdict (with `s0_on_device`, once its
+    `DraftS0Received` is in: score it with the Generalist meanwhile)."""
 
     draft: Draft
+
+
+@dataclass(frozen=True)
+class DraftS0Received:
+    """Companion: P_S0's values of the outstanding draft (`s0_on_device`); send_verdict now."""
+
+    s0: DraftS0
 
 
 @dataclass(frozen=True)
@@ -130,6 +139,7 @@ Event: TypeAlias = (
     | SessionRequested
     | ResumeRequested
     | DraftReceived
+    | DraftS0Received
     | RowRequested
     | CloseRequested
     | ConnectionFailed

@@ -24,8 +24,9 @@ import numpy as np
 from specsteer.errors import ProtocolError
 from specsteer.steer import SELECTS
 
-PROTOCOL_VERSION = 1
-"""Byte 0 of every frame. A peer speaking another version gets `ErrorCode.BAD_VERSION`."""
+PROTOCOL_VERSION = 2
+"""Byte 0 of every frame. A peer speaking another version gets `ErrorCode.BAD_VERSION`.
+Version 2: a Draft carries ids only; P_S0's values follow in their own `DraftS0` frame."""
 
 _MAX_ID = 2**32 - 1  # token ids are u32 on both sides; no tokenizer comes near this.
 _MAX_U64 = 2**64 - 1
@@ -45,6 +46,7 @@ class MessageType(enum.IntEnum):
     CLOSE = 9
     ERROR = 10
     RESUME = 11
+    DRAFT_S0 = 12
 
 
 class ErrorCode(enum.IntEnum):
@@ -362,28 +364,35 @@ class Draft:
     """Device -> companion: one round's drafted ids, and the ids committed since last time.
 
     `committed_ids` are tokens the device appended that the companion has not seen (the token
-    it chose from the previous verdict; at most `Limits.max_committed`). `logp_s0` holds the
-    context-free Specialist's log-probabilities of the drafts, present only when the session
-    has `s0_on_device`.
+    it chose from the previous verdict; at most `Limits.max_committed`). In a session with
+    `s0_on_device` a `DraftS0` of the same round follows with P_S0's values.
     """
 
     round: int
     committed_ids: tuple[int, ...]
     draft_ids: tuple[int, ...]
-    logp_s0: tuple[float, ...] | None = None
 
     def __post_init__(self) -> None:
         _check_uint("round", self.round, _MAX_ID)
         object.__setattr__(self, "committed_ids", _ids("committed_ids", self.committed_ids))
         object.__setattr__(self, "draft_ids", _ids("draft_ids", self.draft_ids))
-        if self.logp_s0 is not None:
-            values = _f16s("logp_s0", self.logp_s0)
-            if len(values) != len(self.draft_ids):
-                raise ProtocolError(
-                    ErrorCode.BAD_VALUE,
-                    f"logp_s0 has {len(values)} values for {len(self.draft_ids)} drafts",
-                )
-            object.__setattr__(self, "logp_s0", values)
+
+
+@dataclass(frozen=True)
+class DraftS0:
+    """Device -> companion: the context-free Specialist's log-probabilities of the drafts of
+    Draft `round` (sessions with `s0_on_device`, one per Draft, after it).
+
+    Why a frame of its own: the companion scores the draft with the Generalist while the
+    device runs P_S0's pass over it, so that pass is off the round's critical path.
+    """
+
+    round: int
+    logp_s0: tuple[float, ...]
+
+    def __post_init__(self) -> None:
+        _check_uint("round", self.round, _MAX_ID)
+        object.__setattr__(self, "logp_s0", _f16s("logp_s0", self.logp_s0))
 
 
 @dataclass(frozen=True)
@@ -466,6 +475,7 @@ Message: TypeAlias = (
     | OpenSession
     | SessionOpened
     | Draft
+    | DraftS0
     | Verdict
     | RowRequest
     | RowReply

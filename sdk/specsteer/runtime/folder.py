@@ -17,7 +17,7 @@ import numpy as np
 from specsteer.errors import CorruptModelError, ModelNotCompiled, SessionError
 from specsteer.models.manifest import check_files, read_manifest
 from specsteer.models.registry import compiled_dir, get_spec
-from specsteer.models.w8a8 import is_current
+from specsteer.models.w8a8 import cpu_refusal, is_current
 from specsteer.tokenizer import Tokenizer
 
 DEFAULT_MAX_LENGTH = 4096
@@ -43,6 +43,8 @@ class ModelFolder:
         path = Path(folder)
         manifest = read_manifest(path)
         check_files(path, manifest, full_hash=verify)
+        if (refusal := cpu_refusal(manifest)) is not None:
+            raise ModelNotCompiled(f"{path}: {refusal}")
         genai = json.loads((path / "genai_config.json").read_text())["model"]
         eos = genai.get("eos_token_id", [])
         eos_ids = eos if isinstance(eos, list) else [eos]
@@ -123,7 +125,7 @@ def resolve_folder(name_or_folder: str | Path, precision: str | None, *,
         )
     if precision == "w8a8" and not is_current(read_manifest(folder)):
         raise ModelNotCompiled(
-            f"{spec.name} at w8a8 was rewritten by an older SDK (a slower graph); run "
+            f"{spec.name} at w8a8 was rewritten by an older SDK (docs/models.md); run "
             f"`specsteer models compile {spec.name} --precision w8a8` (seconds: it rewrites "
             "the int8 folder again)"
         )
