@@ -85,10 +85,12 @@ def test_the_companion_process_gives_the_threads_text_over_a_delayed_websocket(a
         assert row["wall_s"] >= row["round_trips"] * 0.06
 
 
-def test_eval_runs_the_specialist_as_a_device_does(app, tmp_path, monkeypatch):
+@pytest.mark.parametrize("where", ["process", "thread"])
+def test_eval_runs_the_specialist_as_a_device_does(app, tmp_path, monkeypatch, where):
     """The Specialist is loaded by `load_device_model` (the device's runtime and, for a
     registry name, its default precision unless --specialist-precision says otherwise): the
-    speed and the text are what a Client's user gets. --precision is the Generalist's."""
+    speed and the text are what a Client's user gets. --precision is the Generalist's, loaded
+    here only for a companion in this process (a companion process loads its own)."""
     import specsteer.runtime as runtime
 
     calls: list[tuple[str, str, object]] = []
@@ -101,13 +103,16 @@ def test_eval_runs_the_specialist_as_a_device_does(app, tmp_path, monkeypatch):
 
     monkeypatch.setattr(runtime, "load_device_model", spy("device", runtime.load_device_model))
     monkeypatch.setattr(runtime, "load_model", spy("genai", runtime.load_model))
-    args = [*_args(tmp_path / "run", "slm"), "--specialist-precision", "w8a8", "--precision",
-            "int8"]
+    args = [*_args(tmp_path / "run", "slm", "specsteer@0.5"), "--specialist-precision", "w8a8",
+            "--precision", "int8", "--companion", where]
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
     specialist = str(tiny_model_dir("llama", seed=0))
     generalist = str(tiny_model_dir("llama", seed=1))
-    assert calls == [("device", specialist, "w8a8"), ("genai", generalist, "int8")]
+    loaded_here = [("genai", generalist, "int8")] if where == "thread" else []
+    assert calls == [("device", specialist, "w8a8"), *loaded_here]
+    run = json.loads((tmp_path / "run" / "run.json").read_text())
+    assert run["generalist"] and run["generalist_sha256"]  # its identity all the same
 
 
 def test_eval_refuses_to_mix_setups_in_one_folder(app, tmp_path):

@@ -90,6 +90,7 @@ def eval_command(
 ) -> None:
     """Evaluate SpecSteer and the baselines: ROUGE, acceptance, speed and bytes per token."""
     from specsteer.runtime import load_device_model, load_model
+    from specsteer.runtime.folder import ModelFolder, resolve_folder
     from specsteer_lab.eval import data as data_lib
     from specsteer_lab.eval import harness as harness_lib
     from specsteer_lab.eval import report as report_lib
@@ -112,7 +113,10 @@ def eval_command(
         # the Specialist as a device runs it (its runtime and default precision): the speed
         # and the text are what a Client's user gets
         device = load_device_model(specialist, precision=specialist_precision, threads=threads)
-        cloud = load_model(generalist, precision=precision, threads=threads)
+        if companion is Companion.thread:
+            cloud: Any = load_model(generalist, precision=precision, threads=threads)
+        else:  # the companion process loads it: here its identity (name, hash, tokenizer)
+            cloud = ModelFolder.open(resolve_folder(generalist, precision))
         with ExitStack() as stack:
             connect = None if companion is Companion.thread else stack.enter_context(
                 harness_lib.companion_process(str(cloud.folder), str(device.folder),

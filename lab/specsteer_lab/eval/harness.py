@@ -36,6 +36,7 @@ from specsteer.history.length import LengthPolicy
 from specsteer.history.store import HistoryStore
 from specsteer.link import CompanionLink, FrameChannel
 from specsteer.runtime.base import LanguageModel
+from specsteer.runtime.folder import ModelFolder
 from specsteer.settings import PRESETS
 from specsteer.tokenizer import Message
 from specsteer.transport import WebSocketChannel
@@ -282,11 +283,13 @@ class Prepared:
 class Harness:
     """Loaded models and a way to reach a companion serving them; runs methods on examples."""
 
-    def __init__(self, specialist: LanguageModel, generalist: LanguageModel,
+    def __init__(self, specialist: LanguageModel, generalist: LanguageModel | ModelFolder,
                  config: EvalConfig, connect: Callable[[], FrameChannel] | None = None) -> None:
         """`connect`: a fresh channel to a companion serving these two models, with the
-        config's round trip applied on the way (`companion_process`); None: the companion in
-        this process, on its own thread (`ConcurrentChannel`)."""
+        config's round trip applied on the way (`companion_process`); `generalist` may then
+        be its folder's identity alone (`ModelFolder`: name, hash, tokenizer), the model
+        being the companion's to load. None: the companion in this process, on its own
+        thread (`ConcurrentChannel`), over the loaded `generalist`."""
         if specialist.tokenizer.vocab_hash != generalist.tokenizer.vocab_hash:
             raise EvalError(
                 f"{specialist.name} and {generalist.name} have different tokenizers; the "
@@ -296,11 +299,18 @@ class Harness:
         self.specialist = specialist
         self.generalist = generalist
         self.config = config
-        # The companion's generic Specialist is the device's own artifact: share the loaded model.
-        self.verifier = Verifier(generalist, specialist)
         self.companion = Companion.thread if connect is None else Companion.process
-        self.connect = connect or (lambda: ConcurrentChannel.for_verifier(
-            self.verifier, one_way_s=config.rtt_ms / 2000.0))
+        self.verifier: Verifier | None = None  # the in-process companion's (thread mode)
+        if connect is None:
+            if isinstance(generalist, ModelFolder):
+                raise EvalError("a companion in this process needs the Generalist loaded, "
+                                "not its folder's identity")
+            # its generic Specialist is the device's own artifact: share the loaded model
+            verifier = Verifier(generalist, specialist)
+            self.verifier = verifier
+            connect = lambda: ConcurrentChannel.for_verifier(  # noqa: E731
+                verifier, one_way_s=config.rtt_ms / 2000.0)
+        self.connect = connect
 
     def prepare(self, example: Example) -> Prepared:
         """Fresh history from the profile, BM25 top-k, both prompts in the chat format."""
