@@ -30,7 +30,6 @@ class ScoredDraft:
 
     seq: list[int]  # the committed ids, then the draft
     offset: int  # where the draft starts in `seq`
-    drafts: int
     g: Scores
 
 
@@ -140,14 +139,14 @@ class VerifierSession:
         (run while the device computes P_S0's values, when it sends them)."""
         seq = [*committed, *draft]
         top_k = 1 if self.mode is Mode.SPECULATIVE else self.settings.top_k
-        return ScoredDraft(seq, len(committed), len(draft),
-                           self.g.score(seq, len(committed), top_k))
+        return ScoredDraft(seq, len(committed), self.g.score(seq, len(committed), top_k))
 
     def decide(self, scored: ScoredDraft, logp_s0_draft: Sequence[float] | None = None
                ) -> steer.RoundVerdict:
         """A round's second half: the ratio test (P_S0 hosted here, or `logp_s0_draft` from
         the device), the candidates after the accepted prefix, and the kept prefix."""
-        g, seq, offset, n = scored.g, scored.seq, scored.offset, scored.drafts
+        g, seq, offset = scored.g, scored.seq, scored.offset
+        n = len(seq) - offset  # drafted ids
         if self.mode is Mode.SPECULATIVE:
             best = [int(g.top(offset + j, 1)[0][0]) for j in range(n + 1)]
             accepted, token = steer.classic_accept_best(seq[offset:], best)

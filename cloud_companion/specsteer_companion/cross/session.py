@@ -109,7 +109,6 @@ class _View:
 class ScoredText:
     """A draft whose text the Generalist has read, waiting for its span tests (`decide`)."""
 
-    draft: list[int]
     words: list[int]  # the draft up to its end-of-text
     eos_at: int | None
     d0: int  # byte offset of the draft in the text
@@ -117,6 +116,10 @@ class ScoredText:
     seq: list[int]  # the committed ids, then the draft
     offset: int  # where the draft starts in `seq`
     view: _View
+
+    @property
+    def draft(self) -> list[int]:
+        return self.seq[self.offset :]
 
 
 class _GTrack:
@@ -268,8 +271,7 @@ class CrossVerifierSession:
         s_bounds = np.concatenate([np.asarray(self.s_ends, np.int64), d_ends])
         view = self._view(full, final=eos_at is not None, s_bounds=s_bounds)
         self.g.sync(view.ids)
-        return ScoredText(draft, words, eos_at, d0, d_ends, [*committed, *draft],
-                           len(committed), view)
+        return ScoredText(words, eos_at, d0, d_ends, [*committed, *draft], len(committed), view)
 
     def decide(self, scored: ScoredText, logp_s0_draft: Sequence[float] | None = None
                ) -> steer.RoundVerdict:

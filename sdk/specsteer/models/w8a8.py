@@ -163,13 +163,12 @@ def rewrite(model, keep_outputs: Collection[str] = (), levels: int = WEIGHT_LEVE
         "w8a8/zero": np.array(ZERO, np.uint8),
     }
     nodes, dropped, quantized_inputs, count = [], set(), {}, 0
+    kept = set(keep_outputs)
     for node in graph.node:
-        is_linear = (node.op_type == "MatMulNBits" and node.domain == "com.microsoft") or (
+        is_linear = ((node.op_type == "MatMulNBits" and node.domain == "com.microsoft") or (
             node.op_type == "MatMul" and node.input[1] in arrays
             and len(arrays[node.input[1]].dims) == 2
-        )
-        if is_linear and set(node.output) & set(keep_outputs):
-            is_linear = False
+        )) and not kept.intersection(node.output)
         if not is_linear:
             nodes.append(node)
             continue

@@ -79,6 +79,25 @@ def _check_candidate_count(n: int, what: str, session: OpenSession | Resume) -> 
         )
 
 
+def _check_draft_s0(round_: int, values: int, draft: Draft | None, owed: bool) -> Draft:
+    """The Draft a DraftS0 of `round_` with `values` values belongs to: the outstanding one of
+    an `s0_on_device` session, whose DraftS0 is still `owed`, with one value per drafted id
+    (both sides check it: one sends, one receives)."""
+    if draft is None or not owed:
+        raise ProtocolError(ErrorCode.OUT_OF_ORDER,
+                            "a DraftS0 follows a Draft of a session with s0_on_device, once")
+    if round_ != draft.round:
+        raise ProtocolError(
+            ErrorCode.OUT_OF_ORDER,
+            f"DraftS0 for round {round_} while round {draft.round} is outstanding",
+        )
+    if values != len(draft.draft_ids):
+        raise ProtocolError(
+            ErrorCode.BAD_VALUE, f"logp_s0 has {values} values for {len(draft.draft_ids)} drafts"
+        )
+    return draft
+
+
 def _held(session: OpenSession | Resume) -> int:
     """Tokens an opened session holds: its prompt (and, resumed, the committed tokens)."""
     return len(session.held_ids if isinstance(session, Resume) else session.prompt_ids)
@@ -293,17 +312,8 @@ class DeviceConnection(_Connection):
         """Queue P_S0's log-probabilities of the outstanding Draft's ids (`s0_on_device`
         sessions; once per Draft, after it)."""
         self._require(State.WAITING, action="send a DraftS0")
-        draft = self._draft
-        if draft is None or not self._s0_owed:
-            raise ProtocolError(ErrorCode.OUT_OF_ORDER,
-                                "a DraftS0 follows a Draft of a session with s0_on_device, once")
-        message = DraftS0(draft.round, logp_s0)
-        if len(message.logp_s0) != len(draft.draft_ids):
-            raise ProtocolError(
-                ErrorCode.BAD_VALUE,
-                f"logp_s0 has {len(message.logp_s0)} values for {len(draft.draft_ids)} drafts",
-            )
-        self._send_checked(message, self.peer_limits)
+        draft = _check_draft_s0(self.round, len(logp_s0), self._draft, self._s0_owed)
+        self._send_checked(DraftS0(draft.round, logp_s0), self.peer_limits)
         self._s0_owed = False
 
     def request_row(self, committed_ids: Sequence[int] = ()) -> None:
@@ -416,7 +426,7 @@ class CompanionConnection(_Connection):
         self.session_id: int | None = None
         self.round = 0  # number the next Draft must carry
         self._draft: Draft | None = None
-        self._s0: DraftS0 | None = None  # the outstanding Draft's P_S0 values, once received
+        self._s0_owed = False  # the outstanding Draft's DraftS0 has not arrived (s0_on_device)
         self._row_pending = False
 
     def receive_frame(self, data: bytes) -> list[Event]:
@@ -464,7 +474,7 @@ class CompanionConnection(_Connection):
             return [self._on_draft(message)]
         if isinstance(message, DraftS0) and self.state is State.WAITING \
                 and self._draft is not None:
-            return [self._on_draft_s0(message, self._draft)]
+            return [self._on_draft_s0(message)]
         if isinstance(message, RowRequest) and self.state is State.SESSION:
             assert self.session is not None
             if self.session.settings.mode is not Mode.ROWS:
@@ -486,26 +496,13 @@ class CompanionConnection(_Connection):
             raise ProtocolError(
                 ErrorCode.OUT_OF_ORDER, f"Draft for round {message.round}, expected {self.round}"
             )
-        self._draft, self._s0 = message, None
+        self._draft, self._s0_owed = message, session.settings.s0_on_device
         self.state = State.WAITING
         return DraftReceived(message)
 
-    def _on_draft_s0(self, message: DraftS0, draft: Draft) -> DraftS0Received:
-        assert self.session is not None
-        if not self.session.settings.s0_on_device or self._s0 is not None:
-            raise ProtocolError(ErrorCode.OUT_OF_ORDER,
-                                "a DraftS0 follows a Draft of a session with s0_on_device, once")
-        if message.round != draft.round:
-            raise ProtocolError(
-                ErrorCode.OUT_OF_ORDER,
-                f"DraftS0 for round {message.round} while round {draft.round} is outstanding",
-            )
-        if len(message.logp_s0) != len(draft.draft_ids):
-            raise ProtocolError(
-                ErrorCode.BAD_VALUE,
-                f"logp_s0 has {len(message.logp_s0)} values for {len(draft.draft_ids)} drafts",
-            )
-        self._s0 = message
+    def _on_draft_s0(self, message: DraftS0) -> DraftS0Received:
+        _check_draft_s0(message.round, len(message.logp_s0), self._draft, self._s0_owed)
+        self._s0_owed = False
         return DraftS0Received(message)
 
     def accept_hello(
@@ -550,7 +547,7 @@ class CompanionConnection(_Connection):
         draft, session = self._draft, self.session
         if draft is None or session is None:
             raise ProtocolError(ErrorCode.OUT_OF_ORDER, "no Draft is outstanding")
-        if session.settings.s0_on_device and self._s0 is None:
+        if self._s0_owed:
             raise ProtocolError(ErrorCode.OUT_OF_ORDER, "the Draft's DraftS0 has not arrived")
         if not 0 <= accepted <= len(draft.draft_ids):
             raise ProtocolError(
@@ -559,7 +556,7 @@ class CompanionConnection(_Connection):
         verdict = Verdict(draft.round, accepted, ids, values)
         self._check_reply_ids(verdict.ids, session)
         self._send(verdict)
-        self._draft = self._s0 = None
+        self._draft = None
         self.round += 1
         self.state = State.SESSION
         return verdict
