@@ -51,8 +51,8 @@ Generalist = Annotated[str, typer.Option(help="Registry name or compiled folder"
 SpecialistArtifact = Annotated[str, typer.Option(
     help="The devices' Specialist artifact (P_S0); 'none' if devices send P_S0")]
 SpecialistPrecision = Annotated[str | None, typer.Option(
-    help="Precision of a registry --specialist (default: the one devices run it at, so both "
-    "hold the same artifact: docs/models.md)")]
+    help="Precision of a registry --specialist (default: the one a device on this CPU runs it "
+    "at, so both hold the same artifact; set it when the devices' CPUs differ: docs/models.md)")]
 TokenStorePath = Annotated[Path | None, typer.Option(
     help="Token store (default: the tokens command's)")]
 OpenAccess = Annotated[bool, typer.Option(

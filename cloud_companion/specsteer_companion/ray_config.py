@@ -23,8 +23,9 @@ class ModelsSection:
     generalist: str = "qwen2.5-1.5b"
     specialist: str = "qwen2.5-0.5b"  # "none": devices send P_S0 themselves
     precision: str = "int8"  # of registry models: the Generalist's
-    # a registry Specialist's; None: the one devices run it at (`ModelSpec.device_default`),
-    # so the replicas hold the devices' very artifact as P_S0
+    # a registry Specialist's; None: the one a device on the replica's CPU runs it at
+    # (`ModelSpec.device_default`), so the replicas hold the devices' very artifact as P_S0;
+    # set it when the devices' CPUs differ from the replicas' (w8a8 only with VNNI)
     specialist_precision: str | None = None
     threads: int = 1  # ONNX Runtime threads per model
     max_session_tokens: int = 4096

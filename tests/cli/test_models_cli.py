@@ -108,6 +108,18 @@ def test_list_json_on_empty_home(home):
         assert row["compiled"] == {}
 
 
+@pytest.mark.parametrize("vnni", [True, False])
+def test_list_says_what_a_device_on_this_cpu_runs(home, monkeypatch, vnni):
+    from specsteer.models import w8a8
+
+    monkeypatch.setattr(w8a8, "cpu_has_vnni", lambda: vnni)
+    rows = {r["name"]: r for r in json.loads(invoke("list", "--json").stdout)}
+    assert rows["qwen2.5-0.5b"]["device_precision"] == ("w8a8" if vnni else "int8")
+    assert rows["qwen2.5-1.5b"]["device_precision"] == "int8"
+    table = invoke("list").stdout
+    assert "device: " + ("w8a8" if vnni else "int8") in table.split("qwen2.5-0.5b", 1)[1]
+
+
 @pytest.mark.parametrize(
     "command", [["path"], ["verify"], ["fetch"], ["compile"], ["path", "--precision", "int8"],
                 ["export-hf"]]

@@ -174,6 +174,8 @@ def list_models(
                 "role": spec.role,
                 "vocab_size": spec.vocab_size,
                 "default_precision": spec.default_precision,
+                # what a device on this CPU runs it at (w8a8 only where it is exact: VNNI)
+                "device_precision": spec.device_default,
                 "gguf": _gguf_status(spec),
                 "compiled": _compiled_status(spec),
             }
@@ -196,7 +198,7 @@ def list_models(
             for p, c in row["compiled"].items()
         )
         table.add_row(
-            f"{row['name']}\n({row['role']})",
+            f"{row['name']}\n({row['role']})\ndevice: {row['device_precision']}",
             gguf["state"],
             f"{_mb(gguf['expected_size'])} {gguf['sha256'][:8]}",
             compiled or "-",

@@ -95,7 +95,8 @@ def cpu_refusal(manifest: dict) -> str | None:
     return (f"its w8a8 weights use 8 bits (+-{manifest[LEVELS_FIELD]}), exact only on a CPU with "
             "VNNI, and this CPU has none (its integer sums would saturate); run `specsteer "
             f"models compile {manifest.get('name', 'NAME')} --precision w8a8 --force` on this "
-            "machine (seconds: +-63 weights from the int8 folder)")
+            "machine (seconds: +-63 weights from the int8 folder), or run int8, a device's "
+            "default on such a CPU (docs/models.md)")
 
 
 def quantize_channels(weight: np.ndarray, levels: int = WEIGHT_LEVELS

@@ -156,7 +156,8 @@ def load_device_model(
     """The Specialist as a device runs it (see the module docstring).
 
     precision: of a registry name; None = the precision a device runs it at by default
-    (`ModelSpec.device_default`: w8a8 for the registry's Specialist, docs/models.md).
+    (`ModelSpec.device_default`: w8a8 for the registry's Specialist on a CPU with VNNI, int8
+    elsewhere, docs/models.md).
     threads: intra-op threads; None = every core this process may use.
     """
     return DeviceModel(resolve_folder(name_or_folder, precision, device=True),
