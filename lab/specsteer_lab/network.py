@@ -38,8 +38,11 @@ class DelayProxy:
         self.loop.run_forever()
 
     async def _client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.upstream_port)
-        await asyncio.gather(self._pipe(reader, up_writer), self._pipe(up_reader, writer))
+        # `close` cancels this task: it ends quietly, or Python 3.11's start_server callback
+        # logs the cancellation as an error with a traceback (it calls `task.exception()`)
+        with contextlib.suppress(asyncio.CancelledError):
+            up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.upstream_port)
+            await asyncio.gather(self._pipe(reader, up_writer), self._pipe(up_reader, writer))
 
     async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         queue: asyncio.Queue[tuple[float, bytes]] = asyncio.Queue()

@@ -62,3 +62,20 @@ def test_no_delay_adds_no_round_trip(echo_port):
     finally:
         proxy.close()
     assert back == b"hello" and seconds < 0.15
+
+
+def test_closing_with_a_connection_open_logs_no_error(echo_port, caplog):
+    """A benchmark closes its proxy while a device's socket is still up: the cancelled
+    connection ends quietly (it logged a CancelledError traceback, in the middle of the
+    benchmark's output)."""
+    proxy = DelayProxy(echo_port, one_way_s=0.05)
+    conn = socket.create_connection(("127.0.0.1", proxy.port), timeout=5)
+    try:
+        conn.sendall(b"x")
+        assert conn.recv(1) == b"x"  # the proxy's connection task is running
+        with caplog.at_level("DEBUG", logger="asyncio"):
+            proxy.close()
+            time.sleep(0.2)
+    finally:
+        conn.close()
+    assert not [r for r in caplog.records if r.levelname in ("ERROR", "CRITICAL")], caplog.text
