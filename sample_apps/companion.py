@@ -3,8 +3,8 @@
 `models(tiny)` gives the (device Specialist, companion Generalist) folders: the compiled Qwen2.5
 0.5B/1.5B pair (the 0.5B at the device default, w8a8 on a CPU with VNNI and int8 elsewhere; the
 1.5B at int8; `./dev demo` compiles both), or with `tiny` the tiny test models (random weights:
-they write random text; for tests, and `--tiny` shows a banner saying so). Without the compiled pair and without `tiny` it
-stops with what to do, rather than writing random text.
+they write random text; for tests, and `--tiny` shows a banner saying so). Without the compiled
+pair and without `tiny` it stops with what to do, rather than writing random text.
 
 `KeptCompanion` runs `specsteer-companion serve` for an app and keeps it running: a companion
 that exits on its own (a crash, a SIGTERM) is reaped at once and started again on the same port,

@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
+from specsteer import steer
 from specsteer.steer import (
     SparseSteer,
     classic_accept_greedy,
@@ -459,3 +460,42 @@ def test_sparse_steer_top_p_is_a_prefix_of_top_k() -> None:
     assert 1 <= n < 64
     assert cut.ids.tolist() == full.ids.tolist()[:n]
     assert np.exp(g[cut.ids]).sum() >= 0.9 > np.exp(g[cut.ids[:-1]]).sum()
+
+
+# ---------------------------------------------------------------- the first test from the opening
+
+
+def _companion_accepts(logp_g: float, logp_s0: float, gamma: float) -> bool:
+    """What the companion decides: its float32 logp_G against the float16 logp_S0 it received."""
+    s0 = float(np.float16(logp_s0))
+    return steer.ratio_accept_count(np.array([np.float32(logp_g)]), np.array([s0]), gamma) == 1
+
+
+def test_first_ratio_test_answers_only_what_float16_cannot_change():
+    rng = np.random.default_rng(7)
+    settled = 0
+    for _ in range(3000):
+        gamma = float(rng.choice([0.05, 0.5, 0.9, 1.0]))
+        logp_s0 = float(rng.uniform(-12, 0))
+        # logp_G of the draft: near the boundary half of the time, where rounding matters
+        boundary = float(np.float16(logp_s0)) + np.log(gamma)
+        logp_g = float(np.float32(boundary + rng.normal(0, 0.01 if rng.random() < 0.5 else 2)))
+        others = np.sort(rng.uniform(-20, 0, 8))[::-1]
+        ids, values = [5, *range(10, 18)], [logp_g, *others]
+        answer = steer.first_ratio_test(5, logp_s0, ids, np.float16(values), gamma)
+        if answer is not None:
+            settled += 1
+            assert answer == _companion_accepts(logp_g, logp_s0, gamma), (logp_g, logp_s0, gamma)
+    assert settled > 2000  # most are settled; only near-ties wait for the verdict
+
+
+def test_first_ratio_test_of_an_id_outside_the_candidates():
+    values = np.float16([-1.0, -2.0, -3.0])
+    # its logp_G is at most the weakest candidate's: certain reject when even that fails
+    assert steer.first_ratio_test(99, -1.0, [1, 2, 3], values, 0.5) is False
+    # the weakest would pass: its own value is unknown, so the verdict decides
+    assert steer.first_ratio_test(99, -6.0, [1, 2, 3], values, 0.5) is None
+    assert steer.first_ratio_test(99, -6.0, [], [], 0.5) is None
+    assert steer.first_ratio_test(99, -1.0, [1], [-1.0], 0.0) is True  # gamma 0 accepts all
+    # below float16's range the candidate's value is -inf: logp_G < -65504, still settled
+    assert steer.first_ratio_test(1, -3.0, [1], [-np.inf], 0.5) is False

@@ -31,6 +31,7 @@ from specsteer.protocol import (
     ResumeRequested,
     RowRequested,
     SessionRequested,
+    takes_opening_candidates,
 )
 from specsteer_companion.cross import CrossVerifierSession, ScoredText
 from specsteer_companion.verifier import ScoredDraft, Verifier, VerifierSession
@@ -219,7 +220,9 @@ class CompanionEndpoint:
             log.info("%s: resumed a session at round %d over %d prompt + %d committed tokens",
                      self.identity, request.round, len(request.prompt_ids),
                      len(request.committed_ids))
-        self.conn.session_opened(new_session_id())
+        first = self.session.opening_candidates() if takes_opening_candidates(request) else None
+        self.conn.session_opened(new_session_id(), ids=() if first is None else first.ids,
+                                 values=() if first is None else first.values)
 
     def _end_session(self) -> None:
         self.scored = None

@@ -113,6 +113,7 @@ class VerifierSession:
                 f"({verifier.g_scoring.name}) returns the top-k of logp_G only: use "
                 "select='generalist'"
             )
+        self.whole_rows = verifier.g_scoring.whole_rows
         self.g: ScoringSession = verifier.g_scoring.open(
             prompt, max_length=limit, temperature=self.temperature, owner=owner)
         self.s0: ScoringSession | None = None
@@ -124,6 +125,21 @@ class VerifierSession:
                 self.g.close()
                 raise
         self.rng = np.random.default_rng(settings.seed) if settings.temperature > 0 else None
+
+    def opening_candidates(self) -> steer.SparseSteer | None:
+        """The first position's candidates, as a first-round verdict that rejects its first
+        draft carries them (SessionOpened sends them so that a greedy device holding P_S0
+        settles its first token as the opening ends); None where they cost a pass (an engine
+        that returns top-k lists scores only with the draft) or the device could not use them
+        (P_S0 here, sampling, speculative)."""
+        settings = self.settings
+        if not (self.mode is Mode.SPECSTEER and settings.s0_on_device and self.rng is None
+                and self.whole_rows):
+            return None
+        scores = self.g.score([], 0, settings.top_k)  # the row the prefill left: no pass
+        self.g.keep(0)
+        ids, lg = scores.top(0, settings.top_k)
+        return steer.steer_top(ids, lg, None, settings.alpha, settings.top_p)
 
     def verify(
         self,

@@ -279,6 +279,11 @@ class CompanionLink:
             return None
         return self._reply_seen_at - self._submitted_at
 
+    def opening_candidates(self) -> tuple[tuple[int, ...], tuple[float, ...]] | None:
+        """The first position's candidates (ids, logp_G) SessionOpened carried, until round
+        0's verdict arrives; None if it carried none."""
+        return self.conn.opening
+
     def wait_verdict(self) -> Verdict:
         event = self._wait(VerdictReceived)
         assert isinstance(event, VerdictReceived)

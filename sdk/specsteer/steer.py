@@ -171,6 +171,47 @@ def ratio_accepts(
     return bool(_passes(np.array([log_ratio], np.float64), gamma, u, slack)[0])
 
 
+def first_ratio_test(
+    draft_id: int,
+    logp_s0: float,
+    candidate_ids: Sequence[int],
+    candidate_logp_g: Sequence[float],
+    gamma: float,
+) -> bool | None:
+    """The greedy ratio test of a round's first drafted id, settled from its position's
+    candidates alone (SessionOpened's: logp_G over the Generalist's top-k, float16 on the wire):
+    True or False where the float16 rounding cannot change the companion's answer, None where
+    it could, or where the id is not a candidate and the weakest candidate would pass (its own
+    logp_G is then only known to be no higher). `logp_s0`: the value the device sends for it
+    (float16, as the companion reads it)."""
+    _check_gamma(gamma)
+    if gamma == 0:
+        return True
+    values = np.asarray(candidate_logp_g, np.float64)
+    if not values.size:
+        return None
+    s0 = float(np.float64(np.asarray(logp_s0, "<f2")))
+
+    def bounds(value: float) -> tuple[float, float]:
+        """Where the float32 logp_G behind a float16 `value` lies."""
+        if np.isneginf(value):  # below float16's range
+            return -math.inf, float(np.finfo(np.float16).min)
+        error = abs(value) * 2.0**-10 + 2.0**-24  # over half a float16 step, subnormals too
+        return value - error, value + error
+
+    where = [i for i, c in enumerate(candidate_ids) if c == draft_id]
+    if where:
+        low, high = bounds(float(values[where[0]]))
+    else:
+        low, high = -math.inf, bounds(float(values.min()))[1]
+    threshold = s0 + math.log(gamma)
+    if low - threshold >= 0:
+        return True
+    if high - threshold < 0:
+        return False
+    return None
+
+
 def _check_gamma(gamma: float) -> None:
     if not gamma >= 0:
         raise ValueError(f"gamma must be >= 0, got {gamma}")

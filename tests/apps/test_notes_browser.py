@@ -123,6 +123,8 @@ def test_write_continue_lose_and_regain_the_companion(browser, notes_app) -> Non
     words = page.locator("#frames .detail").all_inner_texts()
     assert len(words) == page.locator("#frames li").count()
     assert not [w for w in words if w.lstrip().startswith("{")]  # words, never raw JSON
+    opened = page.locator("#frames li[data-type=SessionOpened] .detail").first.inner_text()
+    assert "candidates for the first token (scores, no text)" in opened, opened
     s0 = page.locator("#frames li[data-type=DraftS0] .detail").first  # P_S0 on the device
     assert "without your history" in s0.inner_text() and "no text" in s0.inner_text()
     drafted = page.locator("#frames li[data-type=Draft] q[data-field=draft_ids]").first

@@ -26,7 +26,8 @@ def test_session_ids_are_random_not_counted(tiny_model, tiny_generalist):
         victim.open([1, 2, 3], SESSION)  # another device's session between each
     assert len(set(seen)) == len(seen)
     assert all(2**(SESSION_ID_BITS - 1) <= n < 2**SESSION_ID_BITS for n in seen)
-    assert {len(protocol.encode(protocol.SessionOpened(n, 3))) for n in seen} == {11}
+    # one length for every id (version, type, 8-byte varint, length, no candidates)
+    assert {len(protocol.encode(protocol.SessionOpened(n, 3))) for n in seen} == {12}
     gaps = [abs(b - a) for a, b in zip(seen, seen[1:], strict=False)]
     assert min(gaps) > 2**20  # a counter's gaps are the sessions opened between: 1, 2, ...
     low_bits = [n % 2**(SESSION_ID_BITS - 1) for n in seen]

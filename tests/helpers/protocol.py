@@ -121,7 +121,15 @@ messages_st = st.one_of(
                   top_k=st.integers(1, 0xFFFF)),
         st.integers(0, 2**32 - 1),
     ),
-    st.builds(wire.SessionOpened, st.integers(0, 2**64 - 1), st.integers(0, 2**32 - 1)),
+    sparse_st(1).flatmap(
+        lambda s: st.builds(
+            wire.SessionOpened,
+            st.integers(0, 2**64 - 1),
+            st.integers(0, 2**32 - 1),
+            st.just(s[0]),
+            st.just(s[1]),
+        )
+    ),
     draft_st(),
     st.builds(wire.DraftS0, st.integers(0, 2**32 - 1), st.lists(f16_st, max_size=16)),
     sparse_st(1).flatmap(

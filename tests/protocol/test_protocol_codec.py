@@ -77,7 +77,19 @@ def test_verdict_with_64_candidates_fits_270_bytes() -> None:
 
 
 def test_other_messages_bytes() -> None:
-    assert wire.encode(wire.SessionOpened(7, 300)) == b"\x02\x04\x07\xac\x02"
+    # session id, prompt length, then no candidates (a count of 0)
+    assert wire.encode(wire.SessionOpened(7, 300)) == b"\x02\x04\x07\xac\x02\x00"
+    # with the first position's candidates: sorted sparse ids as a Verdict's, then float16s
+    opened = wire.SessionOpened(7, 300, (9, 4), (-1.0, -2.0))
+    assert opened.ids == (4, 9) and opened.values == (-2.0, -1.0)
+    frame = wire.encode(opened)
+    assert frame == b"\x02\x04\x07\xac\x02" + b"\x02\x04\x04" + f16(-2.0) + f16(-1.0)
+    assert wire.decode(frame, wire.Limits()) == opened
+    with pytest.raises(ProtocolError, match="top_k|candidates"):  # more than a verdict may carry
+        wire.decode(wire.encode(wire.SessionOpened(7, 300, range(65), [0.0] * 65)),
+                    wire.Limits(max_top_k=64))
+    with pytest.raises(ProtocolError):  # cut inside the values
+        wire.decode(frame[:-1], wire.Limits())
     assert wire.encode(wire.RowRequest((1, 2))) == b"\x02\x07\x02\x01\x02"
     assert wire.encode(wire.Close("bye")) == b"\x02\x09\x03bye"
     assert wire.encode(wire.Error(wire.ErrorCode.BAD_TOKEN, "x")) == b"\x02\x0a\x07\x00\x01x"

@@ -248,6 +248,46 @@ def test_device_validates_verdicts(verdict: Verdict, code: ErrorCode) -> None:
     assert device.state is State.CLOSED
 
 
+GREEDY_S0 = {"s0_on_device": True}  # a session that takes the opening's candidates
+
+
+@pytest.mark.parametrize(
+    ("session", "opened", "code"),
+    [
+        ({}, SessionOpened(1, 3, (5,), (-1.0,)), ErrorCode.BAD_VALUE),  # P_S0 on the companion
+        ({**GREEDY_S0, "temperature": 0.7}, SessionOpened(1, 3, (5,), (-1.0,)),
+         ErrorCode.BAD_VALUE),  # sampling: the device cannot settle the test itself
+        ({**GREEDY_S0, "mode": Mode.SPECULATIVE}, SessionOpened(1, 3, (5,), (-1.0,)),
+         ErrorCode.BAD_VALUE),
+        (GREEDY_S0, SessionOpened(1, 3, range(65), [0.0] * 65), ErrorCode.BAD_VALUE),
+        (GREEDY_S0, SessionOpened(1, 3, (VOCAB,), (0.0,)), ErrorCode.BAD_TOKEN),
+    ],
+)
+def test_device_checks_the_openings_candidates(session, opened, code) -> None:
+    device = DeviceConnection()
+    device.hello(G_SHA)
+    device.receive_frame(encode(HelloOk("0.1", G_SHA, "", VOCAB, 16, 8192, 2**16, 1024)))
+    device.open_session((1, 2, 3), SessionSettings(**session))
+    assert_code(code, device.receive_frame, encode(opened))
+    assert device.state is State.CLOSED
+
+
+def test_the_openings_candidates_last_until_the_first_verdict() -> None:
+    device, companion = handshake(**GREEDY_S0)  # opened without candidates
+    assert device.opening is None
+    device.open_session((10, 11, 12), SessionSettings(**GREEDY_S0))
+    transfer(device, companion)
+    companion.session_opened(78, ids=(9, 4), values=(-1.0, -2.0))
+    assert transfer(companion, device) == [SessionReady(78, 3)]
+    assert device.opening == ((4, 9), (-2.0, -1.0))
+    device.send_draft((4,))
+    device.send_draft_s0((-1.5,))
+    transfer(device, companion)
+    companion.send_verdict(1, (4,), (-2.0,))
+    transfer(companion, device)
+    assert device.opening is None  # round 0 settled: later rounds have their own verdicts
+
+
 def test_device_checks_model_hashes_in_hello_ok() -> None:
     device = DeviceConnection()
     device.hello(G_SHA, S_SHA)

@@ -257,6 +257,11 @@ class CrossVerifierSession:
         """One Draft–Verify–Recover round over text (SPECULATIVE: greedy-match spans)."""
         return self.decide(self.score(committed, draft), logp_s0_draft)
 
+    def opening_candidates(self) -> None:
+        """None: across tokenizers a verdict's candidates come from the text path's rows,
+        which the first round builds (`VerifierSession.opening_candidates`)."""
+        return None
+
     def score(self, committed: Sequence[int], draft: Sequence[int]) -> ScoredText:
         """A round's first half: the text with the draft, the Generalist synced over it."""
         self.stats.rounds += 1

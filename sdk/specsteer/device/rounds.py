@@ -14,7 +14,7 @@ prompt plus every token yielded.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -25,8 +25,9 @@ from specsteer.device.events import DecodeStats
 from specsteer.device.leak_guard import LeakGuard, LeakHeld, best_allowed
 from specsteer.device.rules import Rules, forbid, without
 from specsteer.draft_length import DraftLength
+from specsteer.errors import ProtocolError
 from specsteer.link import CompanionLink
-from specsteer.protocol import HelloOk, Mode, SessionSettings, Verdict
+from specsteer.protocol import ErrorCode, HelloOk, Mode, SessionSettings, Verdict
 from specsteer.runtime.base import LanguageModel
 from specsteer.runtime.track import Track
 from specsteer.settings import Params
@@ -242,16 +243,16 @@ class SteeredRounds:
     def tokens(self) -> Iterator[tuple[int, str]]:
         try:
             while True:
-                emitted, finished = self.round()
-                yield from emitted
+                finished = yield from self.round()
                 if finished:
                     return
         finally:
             if self.s0 is not None:
                 self.s0.close()
 
-    def round(self) -> tuple[list[tuple[int, str]], bool]:
-        """One round: the tokens it settles and whether the generation ended (end-of-text)."""
+    def round(self) -> Generator[tuple[int, str], None, bool]:
+        """One round: yields the tokens it settles; returns whether the generation ended
+        (end-of-text). The first round's first token may come before its verdict (`_first`)."""
         stats = self.stats
         t0 = time.perf_counter()
         current = self._next_draft()
@@ -263,25 +264,38 @@ class SteeredRounds:
         s0_base, s0_rows, s0_draft = self._s0_of_draft(drafted)
         if s0_draft is not None:
             self.link.send_draft_s0(s0_draft)
+        first_candidates = self.link.opening_candidates()
+        first = self._first(current, s0_rows, s0_draft, first_candidates)
+        if first is not None:
+            stats.device_s += time.perf_counter() - t0
+            yield first[1], "draft" if first[0] else "recovered"
+            t0 = time.perf_counter()
         current.settle(self.local)  # the bonus position's row, while the companion verifies
         guess = self._bet(current, s0_rows)
         stats.device_s += time.perf_counter() - t0
         verdict = self.link.wait_verdict()
         t1 = time.perf_counter()
         n = verdict.accepted
+        if first is not None:
+            _check_first(first, verdict, first_candidates)
         stats.rounds += 1
         stats.drafted += len(drafted)
         stats.accepted += n
         stats.accept_lengths.append(n)
+        shown = 0 if first is None else 1  # tokens of this round already yielded
         if n == len(drafted) and drafted and drafted[-1] in self.eos:  # its end-of-text stands
-            return [(t, "draft") for t in drafted], True
+            yield from [(t, "draft") for t in drafted][shown:]
+            return True
         s0_row = None if s0_rows is None else s0_rows[off + n]
         # the token cut off by "redact" may not come back at its own position
         withheld = self.withheld[1] if self.withheld and self.withheld[0] == n else None
         self.withheld = None
         context = [*self.text, *drafted[:n]]
-        token = self._recover(verdict, current.rows[n], s0_row, context,
-                              withheld, self.rules.banned(context, current.rows[n]))
+        if first is not None and not first[0]:  # settled from the opening's candidates
+            token = first[1]
+        else:
+            token = self._recover(verdict, current.rows[n], s0_row, context,
+                                  withheld, self.rules.banned(context, current.rows[n]))
         bet_won = None if self.ahead is None else n == len(drafted) and token == guess
         if self.sizer is not None and self.mode is Mode.SPECSTEER:
             self.k = self.sizer.observe(
@@ -301,7 +315,32 @@ class SteeredRounds:
         self.produced += len(emitted)
         self.text += [t for t, _ in emitted]
         self.committed = [token]
-        return emitted, token in self.eos
+        yield from emitted[shown:]
+        return token in self.eos
+
+    def _first(self, current: Drafted, s0_rows: np.ndarray | None, s0_draft: list[float] | None,
+               opening: tuple[tuple[int, ...], tuple[float, ...]] | None
+               ) -> tuple[bool, int] | None:
+        """The first round's first token before its verdict, from the candidates SessionOpened
+        carried (the ones that verdict would carry if it rejects that draft): (accepted, the
+        token) where the ratio test is certain on them, else None (wait for the verdict).
+        Accepted: the first drafted id. Rejected: the fused pick over those candidates,
+        exactly as `_recover` makes it from the verdict."""
+        if opening is None or s0_draft is None or s0_rows is None or not current.tokens \
+                or self.committed or self.produced:
+            return None
+        ids, values = opening
+        passed = steer.first_ratio_test(current.tokens[0], s0_draft[0], ids, values,
+                                        self.params.gamma)
+        if passed is None or (passed and current.tokens[0] in self.eos):
+            return None
+        if passed:
+            return True, current.tokens[0]
+        withheld = self.withheld[1] if self.withheld and self.withheld[0] == 0 else None
+        context = list(self.text)
+        token = self._recover(Verdict(0, 0, ids, values), current.rows[0], s0_rows[0], context,
+                              withheld, self.rules.banned(context, current.rows[0]))
+        return False, token
 
     def _next_draft(self) -> Drafted:
         """This round's draft: the won bet, finished to full length, or a fresh one."""
@@ -449,6 +488,21 @@ class SteeredRounds:
             return best_allowed(guard, context, sc_row, withheld)
         return steer.pick(candidates.ids, np.where(allowed, scores, -np.inf), params.temperature,
                           self.rng)
+
+
+def _check_first(first: tuple[bool, int], verdict: Verdict,
+                 opening: tuple[tuple[int, ...], tuple[float, ...]] | None) -> None:
+    """The first round's verdict must agree with what the device settled from SessionOpened's
+    candidates (its first token is already shown): a companion whose two answers differ is
+    broken, and the generation stops rather than go on from a text the method did not write."""
+    accepted, _ = first
+    if (verdict.accepted > 0) != accepted:
+        raise ProtocolError(ErrorCode.BAD_VALUE, "the first verdict "
+                            f"{'rejects' if accepted else 'accepts'} the first draft, where the "
+                            "candidates SessionOpened carried settle it the other way")
+    if not accepted and opening != (verdict.ids, verdict.values):
+        raise ProtocolError(ErrorCode.BAD_VALUE, "the first verdict's candidates are not the "
+                            "ones SessionOpened carried for the same position")
 
 
 def row_tokens(

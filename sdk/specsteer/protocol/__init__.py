@@ -14,7 +14,12 @@ from __future__ import annotations
 
 from specsteer.protocol.audit import describe_frame
 from specsteer.protocol.codec import decode, encode
-from specsteer.protocol.connections import CompanionConnection, DeviceConnection, State
+from specsteer.protocol.connections import (
+    CompanionConnection,
+    DeviceConnection,
+    State,
+    takes_opening_candidates,
+)
 from specsteer.protocol.events import (
     Closed,
     CloseRequested,
@@ -95,4 +100,5 @@ __all__ = [
     "VerdictReceived",
     "decode",
     "encode",
+    "takes_opening_candidates",
 ]

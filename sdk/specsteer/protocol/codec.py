@@ -125,6 +125,8 @@ def _encode_resume(out: bytearray, m: Resume) -> None:
 def _encode_session_opened(out: bytearray, m: SessionOpened) -> None:
     _put_varint(out, m.session_id)
     _put_varint(out, m.prompt_length)
+    _put_sparse_ids(out, m.ids)
+    _put_f16(out, m.values)
 
 
 def _encode_draft(out: bytearray, m: Draft) -> None:
@@ -337,7 +339,10 @@ def _decode_resume(r: _Reader) -> Resume:
 
 
 def _decode_session_opened(r: _Reader) -> SessionOpened:
-    return SessionOpened(r.varint("session_id", 64), r.varint("prompt_length"))
+    session_id, length = r.varint("session_id", 64), r.varint("prompt_length")
+    n = r.count("opening candidates", r._limits.max_top_k, bytes_each=3)
+    return SessionOpened(session_id, length, r.sparse_ids(n, "opening ids"),
+                         r.f16(n, "opening values"))
 
 
 def _decode_draft(r: _Reader) -> Draft:

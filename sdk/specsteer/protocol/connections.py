@@ -79,6 +79,26 @@ def _check_candidate_count(n: int, what: str, session: OpenSession | Resume) -> 
         )
 
 
+def takes_opening_candidates(session: OpenSession | Resume) -> bool:
+    """Whether SessionOpened may carry the first position's candidates for `session`: a new
+    greedy SPECSTEER session with P_S0 on the device (which can then run its first ratio test
+    itself)."""
+    settings = session.settings
+    return (isinstance(session, OpenSession) and settings.mode is Mode.SPECSTEER
+            and settings.s0_on_device and settings.temperature <= 0)
+
+
+def _check_opening_candidates(n: int, session: OpenSession | Resume) -> None:
+    """SessionOpened's candidates: none, or a first-round verdict's in a session that takes
+    them (both sides check it)."""
+    if not n:
+        return
+    if not takes_opening_candidates(session):
+        raise ProtocolError(ErrorCode.BAD_VALUE, "SessionOpened carries candidates only for a "
+                            "new greedy SPECSTEER session with P_S0 on the device")
+    _check_candidate_count(n, "SessionOpened", session)
+
+
 def _check_draft_s0(round_: int, values: int, draft: Draft | None, owed: bool) -> Draft:
     """The Draft a DraftS0 of `round_` with `values` values belongs to: the outstanding one of
     an `s0_on_device` session, whose DraftS0 is still `owed`, with one value per drafted id
@@ -216,6 +236,8 @@ class DeviceConnection(_Connection):
         self._draft: Draft | None = None  # the outstanding draft, if any
         self._s0_owed = False  # its DraftS0 is still to be sent (s0_on_device)
         self._row_pending = False
+        # the first position's candidates SessionOpened carried, until round 0's verdict
+        self.opening: tuple[tuple[int, ...], tuple[float, ...]] | None = None
 
     def hello(
         self,
@@ -356,6 +378,7 @@ class DeviceConnection(_Connection):
                     ErrorCode.BAD_VALUE,
                     f"companion holds {message.prompt_length} prompt tokens, device sent {held}",
                 )
+            self.opening = self._check_opening(message)
             self.session_id, self.round = message.session_id, _first_round(self.session)
             self.state = State.SESSION
             return [SessionReady(message.session_id, message.prompt_length)]
@@ -368,6 +391,17 @@ class DeviceConnection(_Connection):
             self.state = State.SESSION
             return [RowReceived(message)]
         raise self._unexpected(message)
+
+    def _check_opening(self, message: SessionOpened
+                       ) -> tuple[tuple[int, ...], tuple[float, ...]] | None:
+        """SessionOpened's candidates, where a session may carry them (a fresh SPECSTEER
+        session, P_S0 on the device, greedy): a first-round verdict's, so as many as one."""
+        if not message.ids:
+            return None
+        session = self.session
+        assert session is not None
+        _check_opening_candidates(len(message.ids), session)
+        return self._check_ids("opening ids", message.ids, session.settings.top_k), message.values
 
     def _on_hello_ok(self, message: HelloOk) -> HelloAccepted:
         assert self._hello is not None
@@ -407,6 +441,7 @@ class DeviceConnection(_Connection):
         _check_candidate_count(len(message.ids), "verdict", session)
         self._draft = None
         self.round += 1
+        self.opening = None
         self.state = State.SESSION
         return VerdictReceived(message)
 
@@ -531,13 +566,16 @@ class CompanionConnection(_Connection):
         self.state = State.READY
         return reply
 
-    def session_opened(self, session_id: int, prompt_length: int | None = None) -> None:
+    def session_opened(self, session_id: int, prompt_length: int | None = None,
+                       ids: Sequence[int] = (), values: Sequence[float] = ()) -> None:
         """Queue SessionOpened once the prompt is prefilled; the next Draft is round 0 (after a
-        Resume, the round it names)."""
+        Resume, the round it names). `ids`/`values`: the first position's candidates (see
+        `SessionOpened`), or none."""
         self._require(State.OPENING, action="confirm a session")
         assert self.session is not None
         length = _held(self.session) if prompt_length is None else prompt_length
-        self._send(SessionOpened(session_id, length))
+        _check_opening_candidates(len(ids), self.session)
+        self._send(SessionOpened(session_id, length, tuple(ids), tuple(values)))
         self.session_id, self.round = session_id, _first_round(self.session)
         self.state = State.SESSION
 

@@ -349,14 +349,27 @@ class Resume:
 @dataclass(frozen=True)
 class SessionOpened:
     """Companion -> device: the session exists and its caches hold the prompt (after a
-    `Resume`, the prompt and the committed tokens: `prompt_length` counts both)."""
+    `Resume`, the prompt and the committed tokens: `prompt_length` counts both).
+
+    `ids`/`values`: the first position's candidates, exactly as a first-round Verdict that
+    rejects its first draft would carry them (logp_G over the top-k), or none. Sent for an
+    OpenSession in SPECSTEER mode with `s0_on_device` and greedy decoding, where the device
+    holds P_S0 and can run the ratio test of its first drafted id itself: its first token
+    comes as the opening ends, not one verification later (the round still runs and must
+    agree). Ids sorted, as on the wire.
+    """
 
     session_id: int
     prompt_length: int
+    ids: tuple[int, ...] = ()
+    values: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
         _check_uint("session_id", self.session_id, _MAX_U64)
         _check_uint("prompt_length", self.prompt_length, _MAX_ID)
+        ids, values = _sorted_sparse("opening", _ids("ids", self.ids), _f16s("values", self.values))
+        object.__setattr__(self, "ids", ids)
+        object.__setattr__(self, "values", values)
 
 
 @dataclass(frozen=True)
