@@ -37,6 +37,20 @@ def verifier(tiny_model, tiny_generalist) -> Verifier:
     return Verifier(tiny_generalist, tiny_model)
 
 
+@pytest.fixture()
+def outcomes(monkeypatch) -> list[bool | None]:
+    """What each first ratio test on the opening's candidates answered, in order."""
+    answers: list[bool | None] = []
+    test = steer.first_ratio_test
+
+    def recorded(*args, **kwargs):  # type: ignore[no-untyped-def]
+        answers.append(test(*args, **kwargs))
+        return answers[-1]
+
+    monkeypatch.setattr(steer, "first_ratio_test", recorded)
+    return answers
+
+
 def _client(tiny_model, verifier, store, tap=None) -> Client:
     return Client(tiny_model, history=store, tap=tap,
                   companion=lambda: LocalChannel.for_verifier(verifier))
@@ -60,18 +74,10 @@ def _logged_rounds(monkeypatch, log: list[str]) -> None:
 
 
 def test_the_first_token_comes_before_the_first_verdict(tiny_model, verifier, store,
-                                                        monkeypatch):
+                                                        monkeypatch, outcomes):
     """Where the candidates settle the test, the first token is yielded before the first
     Verdict is read; where they cannot (None), after it."""
     log: list[str] = []
-    outcomes: list[bool | None] = []
-    test = steer.first_ratio_test
-
-    def recorded(*args, **kwargs):  # type: ignore[no-untyped-def]
-        outcomes.append(test(*args, **kwargs))
-        return outcomes[-1]
-
-    monkeypatch.setattr(steer, "first_ratio_test", recorded)
     _logged_rounds(monkeypatch, log)
     tap = lambda d, f: log.append(type(protocol.decode(f, protocol.Limits())).__name__)  # noqa: E731
     client = _client(tiny_model, verifier, store, tap)
@@ -88,17 +94,9 @@ def test_the_first_token_comes_before_the_first_verdict(tiny_model, verifier, st
 
 
 def test_the_text_is_the_one_without_the_openings_candidates(tiny_model, verifier, store,
-                                                             monkeypatch):
+                                                             monkeypatch, outcomes):
     """Accepted or rejected from the candidates, every first token and every text is what the
     verdict alone gives; both outcomes occur over these prompts and thresholds."""
-    outcomes: list[bool | None] = []
-    test = steer.first_ratio_test
-
-    def recorded(*args, **kwargs):  # type: ignore[no-untyped-def]
-        outcomes.append(test(*args, **kwargs))
-        return outcomes[-1]
-
-    monkeypatch.setattr(steer, "first_ratio_test", recorded)
     client = _client(tiny_model, verifier, store)
     runs = [(subject, gamma) for subject in SUBJECTS for gamma in (0.5, 0.9, 0.05)]
     early = [client.generate(s, max_new_tokens=12, warm_start=False, gamma=g) for s, g in runs]

@@ -82,6 +82,12 @@ def sparse_st(draw, columns: int):
     )
 
 
+def with_candidates(message: type, first: st.SearchStrategy) -> st.SearchStrategy:
+    """`message(first, u32, ids, values)`: a SessionOpened or a Verdict with its candidates."""
+    return sparse_st(1).flatmap(lambda s: st.builds(
+        message, first, st.integers(0, 2**32 - 1), st.just(s[0]), st.just(s[1])))
+
+
 @st.composite
 def draft_st(draw):
     drafts = draw(st.lists(st.integers(0, 2**32 - 1), max_size=16))
@@ -121,26 +127,10 @@ messages_st = st.one_of(
                   top_k=st.integers(1, 0xFFFF)),
         st.integers(0, 2**32 - 1),
     ),
-    sparse_st(1).flatmap(
-        lambda s: st.builds(
-            wire.SessionOpened,
-            st.integers(0, 2**64 - 1),
-            st.integers(0, 2**32 - 1),
-            st.just(s[0]),
-            st.just(s[1]),
-        )
-    ),
+    with_candidates(wire.SessionOpened, st.integers(0, 2**64 - 1)),
     draft_st(),
     st.builds(wire.DraftS0, st.integers(0, 2**32 - 1), st.lists(f16_st, max_size=16)),
-    sparse_st(1).flatmap(
-        lambda s: st.builds(
-            wire.Verdict,
-            st.integers(0, 2**32 - 1),
-            st.integers(0, 2**32 - 1),
-            st.just(s[0]),
-            st.just(s[1]),
-        )
-    ),
+    with_candidates(wire.Verdict, st.integers(0, 2**32 - 1)),
     st.builds(wire.RowRequest, ids_st),
     sparse_st(2).map(lambda s: wire.RowReply(*s)),
     st.builds(wire.Close, text_st),
