@@ -6,10 +6,10 @@ import signal
 import threading
 
 import pytest
+from helpers.budget_mail import two_mails
 
 from specsteer.client import Client, Result
 from specsteer.device import LOCAL_METHODS, METHODS
-from specsteer.history import HistoryStore
 from specsteer.models.tiny import tiny_model_dir
 from specsteer_companion.batching import BatchingModel
 from specsteer_companion.local import LocalChannel
@@ -26,19 +26,9 @@ CASES = [(query, method) for method in REMOTE_METHODS for query in QUERIES]
 OPTIONS = {"max_new_tokens": 24, "offline": "fail"}
 
 
-def _store() -> HistoryStore:
-    """One store per device thread (an in-memory SQLite store belongs to its thread)."""
-    store = HistoryStore(memory=True)
-    store.add(kind="email", title="Budget for the next quarter",
-              body="Dear team, the budget for the next quarter stays as it is.")
-    store.add(kind="email", title="Meeting notes",
-              body="Thank you for the meeting notes, I will send the revised draft by Friday.")
-    return store
-
-
 def _expected(tiny_model, tiny_generalist) -> dict[tuple[str, str], Result]:
     plain = Verifier(tiny_generalist, tiny_model)
-    client = Client(tiny_model, history=_store(),
+    client = Client(tiny_model, history=two_mails(),
                     companion=lambda: LocalChannel.for_verifier(plain))
     return {(q, m): client.generate(q, method=m, **OPTIONS) for q, m in CASES}
 
@@ -54,7 +44,7 @@ def test_concurrent_devices_get_the_plain_companions_tokens(
 
     def device(case: tuple[str, str], url: str) -> None:
         try:
-            client = Client(tiny_model, history=_store(), companion=url)
+            client = Client(tiny_model, history=two_mails(), companion=url)
             start.wait()
             got[case] = client.generate(case[0], method=case[1], **OPTIONS)
         except BaseException as exc:  # reported below, with the case
@@ -85,7 +75,7 @@ def test_serve_batch_subprocess(tiny_model, tiny_generalist):
     proc, url = start_companion(str(tiny_model_dir("llama", seed=1)),
                                 str(tiny_model_dir("llama", seed=0)), batch=True, timeout_s=60)
     try:
-        client = Client(tiny_model, history=_store(), companion=url)
+        client = Client(tiny_model, history=two_mails(), companion=url)
         for query, method in CASES[:: len(QUERIES)]:
             result = client.generate(query, method=method, **OPTIONS)
             assert result.tokens == expected[(query, method)].tokens, method
@@ -112,13 +102,13 @@ def test_cross_tokenizer_sessions_batch_too(tiny_model, tiny_batched):
 
     folder = tiny_model_dir("llama", seed=1, vocab=384)
     plain = Verifier(load_model(folder), tiny_model)
-    client = Client(tiny_model, history=_store(),
+    client = Client(tiny_model, history=two_mails(),
                     companion=lambda: LocalChannel.for_verifier(plain))
     expected = client.generate(QUERIES[0], **OPTIONS)
     g, s = BatchingModel(BatchedModel(folder)), BatchingModel(tiny_batched)
     try:
         batched = Verifier(g, s)
-        client = Client(tiny_model, history=_store(),
+        client = Client(tiny_model, history=two_mails(),
                         companion=lambda: LocalChannel.for_verifier(batched))
         got = client.generate(QUERIES[0], **OPTIONS)
     finally:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from helpers.budget_mail import two_mails
 
 from specsteer import protocol, steer
 from specsteer.client import Client
@@ -24,12 +25,7 @@ SUBJECTS = ("Budget for the next quarter", "Meeting notes", "The garden's spring
 
 @pytest.fixture()
 def store() -> HistoryStore:
-    history = HistoryStore(memory=True)
-    history.add(kind="email", title="Budget for the next quarter",
-                body="Dear team, the budget for the next quarter stays as it is.")
-    history.add(kind="email", title="Meeting notes",
-                body="Thank you for the meeting notes, I will send the revised draft by Friday.")
-    return history
+    return two_mails()
 
 
 @pytest.fixture()
