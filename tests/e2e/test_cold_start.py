@@ -84,7 +84,7 @@ def test_the_private_prefill_runs_beside_the_session_opening():
     assert not stats.degraded and stats.warm_tokens == 0 and stats.drafted > 0
     wait = first_token_wait(stats)  # what the demo's stats table says
     assert f"device prefill {stats.prefill_s:.2f} s beside the companion session " \
-        f"{stats.session_ready_s:.2f} s, then the first round" in wait
+        f"{stats.session_ready_s:.2f} s, then the first token" in wait
 
     # the same text as the prefill first: on ONNX Runtime GenAI nothing runs beside the
     # opening (its passes hold the GIL), and its logits are the device runtime's

@@ -60,7 +60,8 @@ def _warm_start(s: GenerationStats) -> str:
 
 def first_token_wait(s: GenerationStats) -> str:
     """Where the wait for the first token went: retrieval, the device's prefill, the
-    companion's session (hello, its prefill of the public request) and the first round."""
+    companion's session (hello, its prefill of the public request) and what came after it (the
+    first round's verdict, or only the device's own test on the session's candidates)."""
     first = s.first_token_s or 0.0
     parts = [f"retrieval {s.retrieval_s * 1e3:.0f} ms"]
     opened = s.session_ready_s
@@ -72,7 +73,7 @@ def first_token_wait(s: GenerationStats) -> str:
         made = (f" (its {s.drafted_beside_opening}-token draft made beside the session)"
                 if s.drafted_beside_opening else "")
         parts.append(f"device prefill {s.prefill_s:.2f} s beside the companion session "
-                     f"{opened:.2f} s, then the first round {max(first - ready, 0.0):.2f} s"
+                     f"{opened:.2f} s, then the first token {max(first - ready, 0.0):.2f} s"
                      f"{made}")
     else:
         parts.append(f"device prefill {s.prefill_s:.2f} s, then the first token "
