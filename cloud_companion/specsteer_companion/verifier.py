@@ -128,13 +128,12 @@ class VerifierSession:
 
     def opening_candidates(self) -> steer.SparseSteer | None:
         """The first position's candidates, as a first-round verdict that rejects its first
-        draft carries them (SessionOpened sends them so that a greedy device holding P_S0
+        draft carries them (SessionOpened sends them, in the sessions
+        `protocol.takes_opening_candidates` names, so that a greedy device holding P_S0
         settles its first token as the opening ends); None where they cost a pass (an engine
-        that returns top-k lists scores only with the draft) or the device could not use them
-        (P_S0 here, sampling, speculative)."""
+        that returns top-k lists scores only with the draft)."""
         settings = self.settings
-        if not (self.mode is Mode.SPECSTEER and settings.s0_on_device and self.rng is None
-                and self.whole_rows):
+        if not self.whole_rows:
             return None
         scores = self.g.score([], 0, settings.top_k)  # the row the prefill left: no pass
         self.g.keep(0)

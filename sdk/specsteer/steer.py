@@ -204,10 +204,10 @@ def first_ratio_test(
         low, high = bounds(float(values[where[0]]))
     else:
         low, high = -math.inf, bounds(float(values.min()))[1]
-    threshold = s0 + math.log(gamma)
-    if low - threshold >= 0:
+    # the companion's own rule (`_passes`) at both ends of where logp_G may lie
+    if _passes(np.array([low - s0]), gamma, None)[0]:
         return True
-    if high - threshold < 0:
+    if not _passes(np.array([high - s0]), gamma, None)[0]:
         return False
     return None
 

@@ -264,6 +264,7 @@ class SteeredRounds:
         s0_base, s0_rows, s0_draft = self._s0_of_draft(drafted)
         if s0_draft is not None:
             self.link.send_draft_s0(s0_draft)
+        # settled after the DraftS0 left: a yield waits on the caller, the companion should not
         first_candidates = self.link.opening_candidates()
         first = self._first(current, s0_rows, s0_draft, first_candidates)
         if first is not None:
@@ -336,10 +337,10 @@ class SteeredRounds:
             return None
         if passed:
             return True, current.tokens[0]
-        withheld = self.withheld[1] if self.withheld and self.withheld[0] == 0 else None
+        # nothing withheld at position 0: "redact" cutting there leaves no draft to settle
         context = list(self.text)
         token = self._recover(Verdict(0, 0, ids, values), current.rows[0], s0_rows[0], context,
-                              withheld, self.rules.banned(context, current.rows[0]))
+                              None, self.rules.banned(context, current.rows[0]))
         return False, token
 
     def _next_draft(self) -> Drafted:
